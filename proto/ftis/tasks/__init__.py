@@ -1,0 +1,18 @@
+"""ReasoningGYM tasks shared by coordinator and client: task generation, prompt
+rendering and answer scoring. Both sides import these so a reward means the same
+thing everywhere."""
+
+from ftis.tasks.prompt import SYSTEM_PROMPT, render_messages, render_plain_prompt
+from ftis.tasks.scoring import extract_answer, score_completion
+from ftis.tasks.source import TaskEntry, TaskSource, TaskSpec
+
+__all__ = [
+    "SYSTEM_PROMPT",
+    "TaskEntry",
+    "TaskSource",
+    "TaskSpec",
+    "extract_answer",
+    "render_messages",
+    "render_plain_prompt",
+    "score_completion",
+]

@@ -1,0 +1,188 @@
+from ftis.v1 import bundle_pb2 as _bundle_pb2
+from ftis.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_id", "display_name", "model_card", "registered_at_ms", "last_seen_ms", "banned", "ban_reason", "policy_version", "bundles_accepted", "bundles_rejected", "reward_mismatches", "latest_metrics", "latest_metrics_step")
+    class LatestMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CARD_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_MS_FIELD_NUMBER: _ClassVar[int]
+    BANNED_FIELD_NUMBER: _ClassVar[int]
+    BAN_REASON_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    LATEST_METRICS_FIELD_NUMBER: _ClassVar[int]
+    LATEST_METRICS_STEP_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    display_name: str
+    model_card: _bundle_pb2.ModelCard
+    registered_at_ms: int
+    last_seen_ms: int
+    banned: bool
+    ban_reason: str
+    policy_version: int
+    bundles_accepted: int
+    bundles_rejected: int
+    reward_mismatches: int
+    latest_metrics: _containers.ScalarMap[str, float]
+    latest_metrics_step: int
+    def __init__(self, node_id: _Optional[str] = ..., display_name: _Optional[str] = ..., model_card: _Optional[_Union[_bundle_pb2.ModelCard, _Mapping]] = ..., registered_at_ms: _Optional[int] = ..., last_seen_ms: _Optional[int] = ..., banned: _Optional[bool] = ..., ban_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., bundles_accepted: _Optional[int] = ..., bundles_rejected: _Optional[int] = ..., reward_mismatches: _Optional[int] = ..., latest_metrics: _Optional[_Mapping[str, float]] = ..., latest_metrics_step: _Optional[int] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class GetNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class GetNodeResponse(_message.Message):
+    __slots__ = ("error", "node", "rejections_by_code")
+    class RejectionsByCodeEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_BY_CODE_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    node: NodeInfo
+    rejections_by_code: _containers.ScalarMap[str, int]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node: _Optional[_Union[NodeInfo, _Mapping]] = ..., rejections_by_code: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("nodes", "active_nodes", "banned_nodes", "leases_outstanding", "bundles_accepted", "bundles_rejected", "completions", "completion_tokens", "mean_verified_reward", "rejections_by_code", "bundle_bytes")
+    class RejectionsByCodeEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_NODES_FIELD_NUMBER: _ClassVar[int]
+    BANNED_NODES_FIELD_NUMBER: _ClassVar[int]
+    LEASES_OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_VERIFIED_REWARD_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_BY_CODE_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    active_nodes: int
+    banned_nodes: int
+    leases_outstanding: int
+    bundles_accepted: int
+    bundles_rejected: int
+    completions: int
+    completion_tokens: int
+    mean_verified_reward: float
+    rejections_by_code: _containers.ScalarMap[str, int]
+    bundle_bytes: int
+    def __init__(self, nodes: _Optional[int] = ..., active_nodes: _Optional[int] = ..., banned_nodes: _Optional[int] = ..., leases_outstanding: _Optional[int] = ..., bundles_accepted: _Optional[int] = ..., bundles_rejected: _Optional[int] = ..., completions: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., mean_verified_reward: _Optional[float] = ..., rejections_by_code: _Optional[_Mapping[str, int]] = ..., bundle_bytes: _Optional[int] = ...) -> None: ...
+
+class BundleInfo(_message.Message):
+    __slots__ = ("sequence", "bundle_id", "node_id", "task_id", "dataset", "completions", "completion_tokens", "mean_verified_reward", "policy_version", "stored_at_ms", "size_bytes", "reward_mismatches")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_VERIFIED_REWARD_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STORED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    bundle_id: str
+    node_id: str
+    task_id: str
+    dataset: str
+    completions: int
+    completion_tokens: int
+    mean_verified_reward: float
+    policy_version: int
+    stored_at_ms: int
+    size_bytes: int
+    reward_mismatches: int
+    def __init__(self, sequence: _Optional[int] = ..., bundle_id: _Optional[str] = ..., node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., dataset: _Optional[str] = ..., completions: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., mean_verified_reward: _Optional[float] = ..., policy_version: _Optional[int] = ..., stored_at_ms: _Optional[int] = ..., size_bytes: _Optional[int] = ..., reward_mismatches: _Optional[int] = ...) -> None: ...
+
+class ListBundlesRequest(_message.Message):
+    __slots__ = ("node_id", "limit")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    limit: int
+    def __init__(self, node_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListBundlesResponse(_message.Message):
+    __slots__ = ("bundles",)
+    BUNDLES_FIELD_NUMBER: _ClassVar[int]
+    bundles: _containers.RepeatedCompositeFieldContainer[BundleInfo]
+    def __init__(self, bundles: _Optional[_Iterable[_Union[BundleInfo, _Mapping]]] = ...) -> None: ...
+
+class BanNodeRequest(_message.Message):
+    __slots__ = ("node_id", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class BanNodeResponse(_message.Message):
+    __slots__ = ("error", "node")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    node: NodeInfo
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
+
+class UnbanNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class UnbanNodeResponse(_message.Message):
+    __slots__ = ("error", "node")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    node: NodeInfo
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,85 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
+    ENVELOPE_TOO_LARGE: _ClassVar[ErrorCode]
+    ENVELOPE_MALFORMED: _ClassVar[ErrorCode]
+    SIGNATURE_INVALID: _ClassVar[ErrorCode]
+    PAYLOAD_MALFORMED: _ClassVar[ErrorCode]
+    PAYLOAD_TYPE_INVALID: _ClassVar[ErrorCode]
+    NODE_UNKNOWN: _ClassVar[ErrorCode]
+    NODE_BANNED: _ClassVar[ErrorCode]
+    NODE_MISMATCH: _ClassVar[ErrorCode]
+    MODEL_CARD_MISMATCH: _ClassVar[ErrorCode]
+    TASK_UNKNOWN: _ClassVar[ErrorCode]
+    LEASE_UNKNOWN: _ClassVar[ErrorCode]
+    LEASE_FOREIGN: _ClassVar[ErrorCode]
+    LEASE_EXPIRED: _ClassVar[ErrorCode]
+    BUNDLE_REPLAYED: _ClassVar[ErrorCode]
+    TASK_MISMATCH: _ClassVar[ErrorCode]
+    LEASE_LIMIT: _ClassVar[ErrorCode]
+    GROUP_SIZE_MISMATCH: _ClassVar[ErrorCode]
+    COMPLETION_TOO_LONG: _ClassVar[ErrorCode]
+    TOKEN_OUT_OF_VOCAB: _ClassVar[ErrorCode]
+    LOGPROB_NOT_FINITE: _ClassVar[ErrorCode]
+    LOGPROB_POSITIVE: _ClassVar[ErrorCode]
+    LOGPROB_COUNT_MISMATCH: _ClassVar[ErrorCode]
+    TEXT_MISSING: _ClassVar[ErrorCode]
+    COMPLETION_EMPTY: _ClassVar[ErrorCode]
+    SAMPLING_INVALID: _ClassVar[ErrorCode]
+    PROMPT_MISSING: _ClassVar[ErrorCode]
+    REGISTRATION_INVALID: _ClassVar[ErrorCode]
+    REQUEST_INVALID: _ClassVar[ErrorCode]
+    INTERNAL: _ClassVar[ErrorCode]
+ERROR_CODE_UNSPECIFIED: ErrorCode
+ENVELOPE_TOO_LARGE: ErrorCode
+ENVELOPE_MALFORMED: ErrorCode
+SIGNATURE_INVALID: ErrorCode
+PAYLOAD_MALFORMED: ErrorCode
+PAYLOAD_TYPE_INVALID: ErrorCode
+NODE_UNKNOWN: ErrorCode
+NODE_BANNED: ErrorCode
+NODE_MISMATCH: ErrorCode
+MODEL_CARD_MISMATCH: ErrorCode
+TASK_UNKNOWN: ErrorCode
+LEASE_UNKNOWN: ErrorCode
+LEASE_FOREIGN: ErrorCode
+LEASE_EXPIRED: ErrorCode
+BUNDLE_REPLAYED: ErrorCode
+TASK_MISMATCH: ErrorCode
+LEASE_LIMIT: ErrorCode
+GROUP_SIZE_MISMATCH: ErrorCode
+COMPLETION_TOO_LONG: ErrorCode
+TOKEN_OUT_OF_VOCAB: ErrorCode
+LOGPROB_NOT_FINITE: ErrorCode
+LOGPROB_POSITIVE: ErrorCode
+LOGPROB_COUNT_MISMATCH: ErrorCode
+TEXT_MISSING: ErrorCode
+COMPLETION_EMPTY: ErrorCode
+SAMPLING_INVALID: ErrorCode
+PROMPT_MISSING: ErrorCode
+REGISTRATION_INVALID: ErrorCode
+REQUEST_INVALID: ErrorCode
+INTERNAL: ErrorCode
+
+class Error(_message.Message):
+    __slots__ = ("code", "reason")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    code: ErrorCode
+    reason: str
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
