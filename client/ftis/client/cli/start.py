@@ -1,0 +1,132 @@
+"""``ftis-client start``: the volunteer's long-running client."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ftis.client.cli import exit_codes
+
+console = Console(stderr=True)
+
+
+def start(
+    coordinator: Annotated[str | None, typer.Option(help="HOST:PORT of the coordinator")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="embedded alias (smollm2-135m), .gguf file, model directory or HF id")] = None,
+    peft: Annotated[str | None, typer.Option(help="none | lora")] = None,
+    lora_rank: Annotated[int | None, typer.Option()] = None,
+    lora_alpha: Annotated[int | None, typer.Option()] = None,
+    local_groups: Annotated[int | None, typer.Option(help="I: own groups per round")] = None,
+    external_groups: Annotated[int | None, typer.Option(
+        help="J: external groups per round")] = None,
+    group_size: Annotated[int | None, typer.Option(help="G: completions per prompt")] = None,
+    rounds: Annotated[int | None, typer.Option(help="rounds to run (0 = forever)")] = None,
+    method: Annotated[str | None, typer.Option(
+        help="on_policy | nois | vis | tis | ftis")] = None,
+    truncation: Annotated[float | None, typer.Option(help="C: IS-weight cap")] = None,
+    filter_threshold: Annotated[float | None, typer.Option(help="g: filter threshold")] = None,
+    learning_rate: Annotated[float | None, typer.Option()] = None,
+    temperature: Annotated[float | None, typer.Option()] = None,
+    max_new_tokens: Annotated[int | None, typer.Option()] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    out: Annotated[Path | None, typer.Option(help="output folder (metrics, checkpoints)")] = None,
+    key_file: Annotated[Path | None, typer.Option(help="node key (PEM, 0600)")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    display_name: Annotated[str | None, typer.Option()] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Join a swarm: lease tasks, generate, submit signed bundles, learn with F-TIS."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from pydantic import ValidationError
+
+    from ftis.client.node.config import ClientConfig
+
+    flags = {k: v for k, v in locals().items()
+             if k not in ("verbose", "ValidationError", "ClientConfig") and v is not None}
+    try:
+        cfg = ClientConfig(**flags)
+    except ValidationError as exc:
+        console.print(f"[red]invalid configuration:[/red] {exc}")
+        raise typer.Exit(exit_codes.USAGE) from exc
+    raise typer.Exit(run(cfg))
+
+
+def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
+    """Start a node from ``cfg``; returns an exit code."""
+    import grpc
+    import torch
+    import transformers
+
+    from ftis.client.models.loader import LoraSettings, load_policy
+    from ftis.client.models.registry import ModelNotFoundError
+    from ftis.client.node.runner import VolunteerNode
+    from ftis.client.swarm.connection import SwarmConnection
+    from ftis.protocol.errors import FtisError
+    from ftis.protocol.identity import NodeIdentity
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    identity = NodeIdentity.load_or_create(cfg.key_file)
+    console.print(f"node [bold]{identity.node_id}[/bold] (key {cfg.key_file})")
+    try:
+        with console.status(f"loading {cfg.model} ({cfg.peft})"):
+            policy = load_policy(cfg.model, peft=cfg.peft,
+                                 lora=LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha))
+    except ModelNotFoundError as exc:
+        console.print(f"[red]model not found:[/red] {exc}")
+        return exit_codes.MODEL_NOT_FOUND
+    card = policy.card
+    console.print(f"model {card.base_model}: {card.parameter_count:,} parameters, "
+                  f"{card.trainable_parameter_count:,} trainable ({card.peft}), "
+                  f"tokenizer {card.tokenizer_fingerprint[:12]}")
+    conn = SwarmConnection(cfg.coordinator, identity, card,
+                           display_name=cfg.display_name or f"{cfg.model}/{cfg.peft}")
+    try:
+        conn.register()
+        node = VolunteerNode(cfg, policy, conn)
+        if node.resume():
+            console.print(f"resumed from round {node.round}")
+        total = cfg.rounds or None
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
+                      console=console, transient=False) as progress:
+            task = progress.add_task(f"{cfg.model}/{cfg.peft} {cfg.method}", total=total,
+                                     completed=node.round, info="")
+
+            def on_round(result) -> None:  # noqa: ANN001
+                m = result.metrics
+                info = (f"reward {m['reward_mean']:.3f}  {m['tokens_per_second']:.0f} tok/s  "
+                        f"ext {int(m['external_groups_used'])}  "
+                        f"w̄ {m.get('is_weight_mean', 1.0):.3f}  "
+                        f"filtered {m.get('filtered_frac', 0.0):.2f}")
+                progress.update(task, completed=result.round, info=info)
+                if not console.is_terminal:
+                    console.print(f"round {result.round}: {info}")
+
+            node.run(on_round)
+    except grpc.RpcError as exc:
+        console.print(f"[red]coordinator {cfg.coordinator} unreachable:[/red] {exc.code().name}")
+        return exit_codes.COORDINATOR_UNREACHABLE
+    except FtisError as exc:
+        console.print(f"[red]rejected by the coordinator:[/red] {exc}")
+        return exit_codes.REJECTED
+    except KeyboardInterrupt:
+        console.print("interrupted; the last checkpoint is kept")
+        return exit_codes.INTERRUPTED
+    finally:
+        conn.close()
+    console.print(f"done: {node.round} rounds, metrics in {node.metrics_path}")
+    return exit_codes.OK

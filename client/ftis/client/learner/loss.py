@@ -1,0 +1,580 @@
+"""The F-TIS learner objective as small pure functions on tensors.
+
+Nothing here does I/O or holds state: every function takes tensors and returns
+tensors, so the trainer composes them and the unit tests check them against
+hand-computed values.
+
+Notation (DESIGN.md section 4). For completion ``i`` of a prompt and its token ``t``:
+
+* ``lp_theta`` -- log pi_theta(a_t | p, a_<t) under the learner being optimised (with grad);
+* ``lp_old``   -- the same under the learner's weights at the start of the step (no grad);
+* ``lp_gen``   -- the generator's sampler log-prob, shipped in the rollout bundle.
+
+All log-probs are natural-log (nats) and are computed at the sampler's temperature.
+
+Sources cited in the docstrings:
+
+* F-TIS: "F-TIS: Harnessing Diverse Models in Collaborative GRPO", arXiv 2605.22537,
+  and its blog post (filtered advantage equation).
+* GRPO: Shao et al., "DeepSeekMath", arXiv 2402.03300, section 4.1 (group-relative
+  advantage, clipped surrogate, per-sequence mean).
+* DAPO: Yu et al., arXiv 2503.14476, section 3.3 (token-level policy-gradient loss).
+* TIS: Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
+  training" (truncated importance sampling, weight min(pi_learner / pi_sampler, C)).
+* PPO: Schulman et al., arXiv 1707.06347 (clipped surrogate).
+* k3 estimator: J. Schulman, "Approximating KL divergence" (2020 note).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "AGGREGATIONS",
+    "DIVERGENCES",
+    "METHODS",
+    "LossConfig",
+    "completion_logprobs",
+    "ftis_filter",
+    "group_advantages",
+    "importance_weights",
+    "policy_loss",
+    "selective_log_softmax",
+    "sequence_divergence",
+]
+
+METHODS: tuple[str, ...] = ("on_policy", "nois", "vis", "tis", "ftis")
+"""Learner objectives (DESIGN.md section 4 table; F-TIS §3 baselines).
+
+* ``on_policy`` -- w = 1; the caller passes only the learner's own (local) rollouts.
+* ``nois``      -- w = 1 on every rollout, shared ones included (SAPO as published).
+* ``vis``       -- w = exp(lp_old - lp_gen), vanilla importance sampling.
+* ``tis``       -- w = min(exp(lp_old - lp_gen), C), truncated importance sampling (TIS).
+* ``ftis``      -- TIS weights plus the F-TIS advantage filter (:func:`ftis_filter`).
+"""
+
+DIVERGENCES: tuple[str, ...] = ("kl_learner_gen", "kl_gen_learner")
+"""Sample-based per-completion divergence estimators (see :func:`sequence_divergence`).
+
+* ``kl_learner_gen`` -- estimates KL(pi_learner || pi_gen), the direction written in the
+  F-TIS filter D_KL(pi_theta || pi_theta_gen); per-token term r*log(r) - r + 1.
+* ``kl_gen_learner`` -- estimates KL(pi_gen || pi_learner) with Schulman's k3;
+  per-token term (r - 1) - log(r).
+
+In both, r = exp(lp_old - lp_gen) and the tokens are samples from the generator.
+"""
+
+AGGREGATIONS: tuple[str, ...] = ("token", "sequence")
+"""Loss aggregation: ``token`` (DAPO §3.3, the default) or ``sequence`` (GRPO eq. 3)."""
+
+# Log-ratios are clamped to [-_MAX_LOG_RATIO, _MAX_LOG_RATIO] before exp so that no
+# weight, ratio or divergence term overflows to inf (exp(20) ~ 4.85e8).
+_MAX_LOG_RATIO = 20.0
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _float_dtype(*tensors: Tensor) -> torch.dtype:
+    """Promote the inputs' dtypes to a floating dtype of at least float32."""
+    dtype = torch.float32
+    for t in tensors:
+        if t.dtype == torch.float64:
+            dtype = torch.float64
+    return dtype
+
+
+def _check_same_shape(ndim: int, **tensors: Tensor) -> torch.Size:
+    """Raise ValueError unless every tensor has ``ndim`` dims and all shapes agree."""
+    shape: torch.Size | None = None
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != ndim:
+            raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+        if shape is None:
+            shape = t.shape
+        elif t.shape != shape:
+            shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+            raise ValueError(f"shape mismatch: {shapes}")
+    assert shape is not None
+    return shape
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+
+
+def _check_truncation(truncation: float) -> None:
+    if not (isinstance(truncation, (int, float)) and math.isfinite(truncation)):
+        raise ValueError(f"truncation C must be a finite number, got {truncation!r}")
+    if truncation <= 0:
+        raise ValueError(f"truncation C must be > 0, got {truncation!r}")
+
+
+def _check_temperature(temperature: float) -> None:
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number, got {temperature!r}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``values`` over ``mask`` (bool); 0 when the mask is empty."""
+    n = mask.sum()
+    total = torch.where(mask, values, torch.zeros_like(values)).sum()
+    return total / n.clamp(min=1).to(values.dtype)
+
+
+def _masked_max(values: Tensor, mask: Tensor) -> Tensor:
+    """Max of ``values`` over ``mask`` (bool); 0 when the mask is empty."""
+    if not bool(mask.any()):
+        return torch.zeros((), dtype=values.dtype, device=values.device)
+    return values[mask].max()
+
+
+# ------------------------------------------------------------------------- log-probs
+
+
+def _selective_log_softmax(logits: Tensor, index: Tensor, scale: float) -> Tensor:
+    if not isinstance(logits, Tensor) or not isinstance(index, Tensor):
+        raise TypeError("logits and index must be torch.Tensor")
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be [B, T, V], got shape {tuple(logits.shape)}")
+    if index.shape != logits.shape[:2]:
+        raise ValueError(
+            f"index must be [B, T] = {tuple(logits.shape[:2])}, got {tuple(index.shape)}"
+        )
+    if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise ValueError(f"index must be an integer tensor, got {index.dtype}")
+    vocab = logits.shape[-1]
+    if index.numel() and (bool((index < 0).any()) or bool((index >= vocab).any())):
+        raise ValueError(f"index out of range for vocabulary of size {vocab}")
+    out_dtype = _float_dtype(logits)
+    index = index.long()
+    rows = []
+    # One row of the batch at a time: only a [T, V] float32 copy is live at once.
+    for row_logits, row_index in zip(logits, index, strict=True):
+        row = row_logits.to(out_dtype)
+        if scale != 1.0:
+            row = row * scale
+        picked = row.gather(-1, row_index.unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(row, dim=-1))
+    if not rows:
+        return logits.new_zeros(index.shape, dtype=out_dtype)
+    return torch.stack(rows)
+
+
+def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
+    """Log-softmax of ``logits`` evaluated only at ``index`` (memory-efficient).
+
+    Equal to ``torch.log_softmax(logits, -1).gather(-1, index[..., None])[..., 0]`` but
+    never materialises the full ``[B, T, V]`` log-softmax: it loops over the batch rows
+    and computes ``logit[index] - logsumexp(logit)`` in at least float32 (the style of
+    TRL's ``selective_log_softmax``). Differentiable w.r.t. ``logits``.
+
+    Args:
+        logits: ``[B, T, V]`` floating tensor (any float dtype, incl. bf16/fp16).
+        index: ``[B, T]`` integer tensor of token ids in ``[0, V)``.
+
+    Returns:
+        ``[B, T]`` log-probs (nats), float32 (float64 if ``logits`` is float64).
+
+    Raises:
+        TypeError: if an argument is not a tensor.
+        ValueError: on wrong ranks/shapes, a non-integer ``index``, or ids out of range.
+    """
+    return _selective_log_softmax(logits, index, 1.0)
+
+
+def completion_logprobs(logits: Tensor, completion_ids: Tensor, temperature: float) -> Tensor:
+    """Per-token log-probs of the completion tokens at the sampler's temperature.
+
+    ``logits`` must already be aligned so that ``logits[:, t]`` predicts
+    ``completion_ids[:, t]`` (i.e. the caller has dropped the prompt positions and
+    shifted by one). The logits are divided by ``temperature`` -- the same temperature
+    the sampler used, so that ``lp_theta``/``lp_old`` are comparable with ``lp_gen``
+    (F-TIS §3: the importance ratio is between the two sampling distributions) -- and
+    then :func:`selective_log_softmax` is applied. The division is done row by row, so
+    no extra ``[B, T, V]`` copy is made.
+
+    Args:
+        logits: ``[B, T, V]`` floating tensor.
+        completion_ids: ``[B, T]`` integer tensor.
+        temperature: sampler temperature, finite and ``> 0``.
+
+    Returns:
+        ``[B, T]`` log-probs (nats), float32 (float64 for float64 logits).
+
+    Raises:
+        ValueError: if ``temperature`` is not finite or ``<= 0``, or as
+            :func:`selective_log_softmax`.
+    """
+    _check_temperature(temperature)
+    return _selective_log_softmax(logits, completion_ids, 1.0 / float(temperature))
+
+
+# ------------------------------------------------------------------------ advantages
+
+
+def group_advantages(rewards: Tensor, scale_by_std: bool = True, eps: float = 1e-4) -> Tensor:
+    """Group-relative advantages, GRPO outcome supervision (GRPO §4.1.2; F-TIS §2).
+
+    ``A[n, g] = (r[n, g] - mean_g r[n]) / (std_g r[n] + eps)``, or without the division
+    when ``scale_by_std`` is False (Dr. GRPO-style option). ``std`` is the *population*
+    standard deviation (``unbiased=False``, divide by G): it is defined for G = 1 and
+    matches the paper's ``sigma_r``; with it, rewards ``[1, 0, 0, 1]`` give
+    ``+-0.5 / (0.5 + eps)``. A group whose rewards are all equal gets exact zeros (it
+    carries no learning signal), independent of floating-point rounding in the mean.
+
+    Args:
+        rewards: ``[N, G]`` tensor, one row per prompt, one column per completion
+            (integer or float; non-float is promoted to float32).
+        scale_by_std: divide by ``std + eps`` (default True).
+        eps: non-negative stabiliser added to the std.
+
+    Returns:
+        ``[N, G]`` advantages, float32 (float64 for float64 rewards), no grad.
+
+    Raises:
+        ValueError: if ``rewards`` is not 2-D or has non-finite entries, or ``eps < 0``.
+    """
+    if not isinstance(rewards, Tensor):
+        raise TypeError("rewards must be a torch.Tensor")
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [N, G], got shape {tuple(rewards.shape)}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
+    r = rewards.detach().to(_float_dtype(rewards))
+    if not bool(torch.isfinite(r).all()):
+        raise ValueError("rewards must be finite")
+    if r.numel() == 0:
+        return r.clone()
+    centred = r - r.mean(dim=1, keepdim=True)
+    if scale_by_std:
+        std = r.std(dim=1, unbiased=False, keepdim=True)
+        centred = centred / (std + eps)
+    constant = (r == r[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(centred), centred)
+
+
+# ---------------------------------------------------------------- importance weights
+
+
+def importance_weights(
+    lp_old: Tensor, lp_gen: Tensor, method: str, truncation: float = 2.0
+) -> Tensor:
+    """Per-token stop-gradient importance weight ``w`` of a method (DESIGN.md §4 table).
+
+    * ``on_policy``, ``nois``: ``w = 1``.
+    * ``vis``: ``w = exp(lp_old - lp_gen)`` (F-TIS §3, vanilla IS).
+    * ``tis``, ``ftis``: ``w = min(exp(lp_old - lp_gen), C)`` (TIS, Yao et al. 2025;
+      F-TIS §3 with C = 2).
+
+    The log-ratio is clamped (to ``[-20, 20]``, and to ``log C`` from above for the
+    truncated methods) before ``exp``, so no weight is inf; for TIS
+    ``exp(min(x, log C)) == min(exp(x), C)`` exactly in value.
+
+    Args:
+        lp_old: ``[B, T]`` learner log-probs at the start of the step.
+        lp_gen: ``[B, T]`` generator (sampler) log-probs.
+        method: one of :data:`METHODS`.
+        truncation: C, finite and ``> 0`` (checked for every method).
+
+    Returns:
+        ``[B, T]`` detached weights, float32 (float64 for float64 inputs). Padding
+        positions get whatever their values imply; the caller masks them.
+
+    Raises:
+        ValueError: on an unknown method, ``C <= 0`` or non-finite, or shape mismatch.
+    """
+    _check_method(method)
+    _check_truncation(truncation)
+    _check_same_shape(2, lp_old=lp_old, lp_gen=lp_gen)
+    dtype = _float_dtype(lp_old, lp_gen)
+    if method in ("on_policy", "nois"):
+        return torch.ones(lp_old.shape, dtype=dtype, device=lp_old.device)
+    log_ratio = (lp_old.detach().to(dtype) - lp_gen.detach().to(dtype)).clamp(
+        -_MAX_LOG_RATIO, _MAX_LOG_RATIO
+    )
+    if method in ("tis", "ftis"):
+        log_ratio = log_ratio.clamp(max=math.log(truncation))
+    return torch.exp(log_ratio)
+
+
+# ------------------------------------------------------------------------ divergence
+
+
+def sequence_divergence(
+    lp_old: Tensor, lp_gen: Tensor, mask: Tensor, estimator: str = "kl_learner_gen"
+) -> Tensor:
+    """Per-completion learner-generator divergence ``D_i`` for the F-TIS filter.
+
+    The generator ships only the sampled tokens' log-probs, so ``D_i`` is estimated from
+    those samples (tokens drawn from pi_gen). With ``r_t = exp(lp_old_t - lp_gen_t)``
+    (learner over generator probability of the sampled token):
+
+    * ``kl_learner_gen``: per-token ``r log r - r + 1`` (>= 0). Under the generator,
+      ``E[r log r] = KL(pi_learner || pi_gen)`` and ``E[r - 1] = 0``, so each term is
+      an unbiased, non-negative estimate of the per-token KL(pi_learner || pi_gen) --
+      the direction ``D_KL(pi_theta || pi_theta_gen)`` of the F-TIS filter (blog eq. for
+      the filtered advantage; F-TIS §3).
+    * ``kl_gen_learner``: Schulman's k3, ``(r - 1) - log r`` (>= 0), an unbiased,
+      non-negative estimate of the per-token KL(pi_gen || pi_learner).
+
+    ``D_i`` is the **sum** over completion tokens (mask != 0) of the per-token term, in
+    nats: a sequence-level quantity, i.e. the summed per-token conditional KLs along
+    the generator's prefix -- the scale on which the paper's ``g = 50`` is meaningful.
+    ``lp_old`` (no grad) is used rather than ``lp_theta`` so the filter decision is
+    fixed for the whole optimisation step. The log-ratio is clamped to ``[-20, 20]``
+    before ``exp``; masked tokens never contribute (even if they hold inf/NaN).
+
+    Args:
+        lp_old: ``[B, T]`` learner log-probs at the start of the step.
+        lp_gen: ``[B, T]`` generator log-probs.
+        mask: ``[B, T]`` bool or numeric; non-zero marks a completion token.
+        estimator: one of :data:`DIVERGENCES`.
+
+    Returns:
+        ``[B]`` detached, non-negative divergences (nats), float32 (float64 for float64
+        inputs).
+
+    Raises:
+        ValueError: on an unknown estimator or shape mismatch.
+    """
+    if estimator not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {estimator!r}; expected one of {DIVERGENCES}")
+    _check_same_shape(2, lp_old=lp_old, lp_gen=lp_gen, mask=mask)
+    dtype = _float_dtype(lp_old, lp_gen)
+    m = mask != 0
+    zero = torch.zeros((), dtype=dtype, device=lp_old.device)
+    log_r = torch.where(m, lp_old.detach().to(dtype) - lp_gen.detach().to(dtype), zero)
+    log_r = log_r.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    r = torch.exp(log_r)
+    if estimator == "kl_learner_gen":
+        per_token = r * log_r - r + 1.0
+    else:
+        per_token = (r - 1.0) - log_r
+    # Rounding can leave tiny negatives near r = 1; the exact terms are >= 0.
+    per_token = torch.where(m, per_token.clamp(min=0.0), zero)
+    return per_token.sum(dim=-1)
+
+
+def ftis_filter(
+    advantages: Tensor, divergence: Tensor, threshold: float = 50.0
+) -> tuple[Tensor, Tensor]:
+    """The F-TIS advantage filter (F-TIS §3; blog eq. for the filtered advantage).
+
+    ``A_i`` is kept if ``A_i >= 0`` or ``D_i < g``, and set to 0 otherwise, i.e. a
+    completion is dropped exactly when its advantage is negative **and** it is far from
+    the learner (``D_i >= g``): a negative sample the learner would hardly produce
+    mostly pushes it away from behaviour it does not have. (The blog keeps ``A > 0``;
+    zeroing an ``A = 0`` completion is a no-op, so only ``A < 0`` is reported as
+    filtered.) A NaN divergence counts as far (conservative).
+
+    Args:
+        advantages: ``[B]`` per-completion advantages.
+        divergence: ``[B]`` per-completion divergences, e.g. :func:`sequence_divergence`.
+        threshold: g, ``> 0`` (``math.inf`` disables the filter).
+
+    Returns:
+        ``(filtered_advantages, filtered)``: ``[B]`` advantages (input dtype, detached)
+        and a ``[B]`` bool mask, True where the completion's advantage was zeroed.
+
+    Raises:
+        ValueError: on shape mismatch or ``threshold`` NaN or ``<= 0``.
+    """
+    _check_same_shape(1, advantages=advantages, divergence=divergence)
+    if math.isnan(threshold) or threshold <= 0:
+        raise ValueError(f"filter threshold g must be > 0, got {threshold!r}")
+    a = advantages.detach()
+    near = divergence.detach() < threshold
+    filtered = (a < 0) & ~near
+    return torch.where(filtered, torch.zeros_like(a), a), filtered
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Hyper-parameters of :func:`policy_loss` (defaults: F-TIS paper, DESIGN.md §4).
+
+    Attributes:
+        method: one of :data:`METHODS` (default ``ftis``).
+        truncation: TIS cap C > 0 (paper: 2.0).
+        filter_threshold: F-TIS divergence threshold g > 0 in summed nats (paper: 50).
+        divergence: one of :data:`DIVERGENCES` (default ``kl_learner_gen``, the paper's
+            direction).
+        clip_eps_low: PPO lower clip, ``0 <= eps_low < 1`` (paper: 0.2).
+        clip_eps_high: PPO upper clip, ``>= 0`` (paper: 0.2; DAPO clip-higher if larger).
+        aggregation: ``token`` (DAPO, default) or ``sequence`` (GRPO).
+        temperature: sampler temperature > 0, for :func:`completion_logprobs` (the loss
+            itself does not use it).
+
+    Raises:
+        ValueError: from ``__post_init__`` on any invalid field.
+    """
+
+    method: str = "ftis"
+    truncation: float = 2.0
+    filter_threshold: float = 50.0
+    divergence: str = "kl_learner_gen"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    aggregation: str = "token"
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_method(self.method)
+        _check_truncation(self.truncation)
+        g = self.filter_threshold
+        if not isinstance(g, (int, float)) or math.isnan(g) or g <= 0:
+            raise ValueError(f"filter_threshold g must be > 0, got {g!r}")
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(
+                f"unknown divergence {self.divergence!r}; expected one of {DIVERGENCES}"
+            )
+        lo, hi = self.clip_eps_low, self.clip_eps_high
+        if not (isinstance(lo, (int, float)) and math.isfinite(lo) and 0 <= lo < 1):
+            raise ValueError(f"clip_eps_low must be in [0, 1), got {lo!r}")
+        if not (isinstance(hi, (int, float)) and math.isfinite(hi) and hi >= 0):
+            raise ValueError(f"clip_eps_high must be finite and >= 0, got {hi!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"unknown aggregation {self.aggregation!r}; expected one of {AGGREGATIONS}"
+            )
+        _check_temperature(self.temperature)
+
+
+def policy_loss(
+    lp_theta: Tensor,
+    lp_old: Tensor,
+    lp_gen: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    config: LossConfig,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The (F-)TIS-weighted clipped GRPO surrogate loss (to minimise).
+
+    Per completion token (GRPO eq. 3 / PPO with an off-policy weight, F-TIS §3)::
+
+        rho  = exp(lp_theta - lp_old)
+        surr = min(rho * A_i, clip(rho, 1 - eps_low, 1 + eps_high) * A_i)
+        loss_t = -w_t * surr,   w = importance_weights(lp_old, lp_gen, method, C)  (no grad)
+
+    For ``ftis`` the advantages are first filtered:
+    ``A = ftis_filter(A, sequence_divergence(lp_old, lp_gen, mask, divergence), g)``.
+    ``on_policy`` uses ``w = 1``: the caller passes only the learner's local rollouts
+    (the method's definition); ``nois`` also uses ``w = 1`` but on all rollouts.
+
+    Aggregation:
+
+    * ``token`` (DAPO §3.3, default): sum over all completion tokens divided by the
+      number of completion tokens in the batch. Filtered completions still count in the
+      denominator (their advantage is 0, like an all-equal-reward group).
+    * ``sequence`` (GRPO eq. 3): mean over tokens within each completion, then mean over
+      completions that have at least one token.
+
+    Padding (``mask == 0``) never contributes to the loss, the gradient or the stats,
+    whatever it holds (inf/NaN included): inputs are replaced by 0 there before any
+    arithmetic. An empty mask gives a zero loss that still has a ``grad_fn`` (when
+    ``lp_theta`` requires grad) and zero gradients. ``log rho`` is clamped to
+    ``[-20, 20]`` (no gradient beyond, where the update is degenerate anyway).
+
+    Args:
+        lp_theta: ``[B, T]`` learner log-probs with grad (:func:`completion_logprobs`).
+        lp_old: ``[B, T]`` learner log-probs at the step start (detached here).
+        lp_gen: ``[B, T]`` sampler log-probs from the bundle (detached here).
+        advantages: ``[B]`` per-completion advantages (e.g. a flattened
+            :func:`group_advantages`), detached here.
+        mask: ``[B, T]`` bool or numeric; non-zero = completion token, 0 = padding.
+        config: :class:`LossConfig`.
+
+    Returns:
+        ``(loss, stats)``: a scalar loss in ``lp_theta``'s dtype (at least float32) and a
+        dict of detached scalar float tensors:
+
+        * ``is_weight_mean`` / ``is_weight_max``: w over completion tokens, after
+          truncation (1 for on_policy/nois);
+        * ``is_weight_raw_max``: max of exp(lp_old - lp_gen) before truncation;
+        * ``truncated_frac``: share of completion tokens whose raw weight exceeds C
+          (tis/ftis; 0 otherwise);
+        * ``filtered_frac``: share of the B completions zeroed by the filter (ftis only);
+        * ``divergence_mean``: mean over completions of ``D_i`` (computed for every
+          method, for monitoring);
+        * ``clip_frac``: share of completion tokens where the clipped branch is active
+          (rho < 1 - eps_low with A < 0, or rho > 1 + eps_high with A > 0);
+        * ``logratio_gen_mean``: mean of lp_old - lp_gen over completion tokens.
+
+        Empty-mask means and maxima are 0.
+
+    Raises:
+        TypeError: if ``config`` is not a :class:`LossConfig` or an input not a tensor.
+        ValueError: on shape mismatch (``[B, T]`` inputs, ``[B]`` advantages).
+    """
+    if not isinstance(config, LossConfig):
+        raise TypeError(f"config must be a LossConfig, got {type(config).__name__}")
+    shape = _check_same_shape(2, lp_theta=lp_theta, lp_old=lp_old, lp_gen=lp_gen, mask=mask)
+    _check_same_shape(1, advantages=advantages)
+    if advantages.shape[0] != shape[0]:
+        raise ValueError(f"advantages must be [B] = [{shape[0]}], got {tuple(advantages.shape)}")
+
+    dtype = _float_dtype(lp_theta)
+    m = mask != 0
+    zero = torch.zeros((), dtype=dtype, device=lp_theta.device)
+    # Sanitise padding first: torch.where routes no gradient to masked lp_theta entries.
+    theta = torch.where(m, lp_theta.to(dtype), zero)
+    old = torch.where(m, lp_old.detach().to(dtype), zero)
+    gen = torch.where(m, lp_gen.detach().to(dtype), zero)
+    adv = advantages.detach().to(dtype)
+
+    method = config.method
+    w = importance_weights(old, gen, method, config.truncation)
+    raw_w = importance_weights(old, gen, "vis", config.truncation)
+    divergence = sequence_divergence(old, gen, m, config.divergence)
+    if method == "ftis":
+        adv, filtered = ftis_filter(adv, divergence, config.filter_threshold)
+    else:
+        filtered = torch.zeros_like(m[:, 0])
+
+    log_rho = (theta - old).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    rho = torch.exp(log_rho)
+    a_tok = adv.unsqueeze(-1)
+    lo, hi = 1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high
+    surrogate = torch.minimum(rho * a_tok, rho.clamp(lo, hi) * a_tok)
+    per_token = torch.where(m, -w * surrogate, zero)
+
+    n_tokens = m.sum()
+    if config.aggregation == "token":
+        loss = per_token.sum() / n_tokens.clamp(min=1).to(dtype)
+    else:
+        lengths = m.sum(dim=-1)
+        per_seq = per_token.sum(dim=-1) / lengths.clamp(min=1).to(dtype)
+        loss = per_seq.sum() / (lengths > 0).sum().clamp(min=1).to(dtype)
+
+    with torch.no_grad():
+        r = rho.detach()
+        clipped = ((r < lo) & (a_tok < 0)) | ((r > hi) & (a_tok > 0))
+        if method in ("tis", "ftis"):
+            truncated = raw_w > config.truncation
+        else:
+            truncated = torch.zeros_like(m)
+        n_seq = max(shape[0], 1)
+        stats = {
+            "is_weight_mean": _masked_mean(w, m),
+            "is_weight_max": _masked_max(w, m),
+            "is_weight_raw_max": _masked_max(raw_w, m),
+            "truncated_frac": _masked_mean(truncated.to(dtype), m),
+            "filtered_frac": filtered.to(dtype).sum() / n_seq,
+            "divergence_mean": divergence.sum() / n_seq,
+            "clip_frac": _masked_mean(clipped.to(dtype), m),
+            "logratio_gen_mean": _masked_mean(old - gen, m),
+        }
+    stats = {k: v.detach().to(dtype) for k, v in stats.items()}
+    return loss, stats

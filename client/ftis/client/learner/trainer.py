@@ -1,0 +1,164 @@
+"""One F-TIS learner step on local + external rollout groups (DESIGN.md section 3, step 6).
+
+Orchestration only; the maths is in :mod:`ftis.client.learner.loss`. With one optimizer
+step per batch, ``lp_old`` equals ``lp_theta`` in value, so it is taken as
+``lp_theta.detach()`` from the same forward pass (no second pass).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ftis.client.learner.batch import PackedBatch, RolloutGroup, Sample, pack
+from ftis.client.learner.loss import LossConfig, completion_logprobs, group_advantages, policy_loss
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Optimisation settings. Defaults follow the F-TIS paper (lr 1e-6 full fine-tune)."""
+
+    loss: LossConfig = field(default_factory=LossConfig)
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 8
+    scale_advantages_by_std: bool = True
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+
+
+def groups_to_samples(groups: list[RolloutGroup], scale_by_std: bool) -> list[Sample]:
+    """Flatten groups into samples with GRPO group-relative advantages.
+
+    Groups with all-equal rewards are dropped: their advantages are exactly 0, so they
+    add no gradient (as SAPO and DAPO's dynamic sampling do).
+    """
+    samples: list[Sample] = []
+    for g in groups:
+        if g.reward_variance_zero:
+            continue
+        adv = group_advantages(torch.tensor([g.rewards], dtype=torch.float32), scale_by_std)[0]
+        for ids, lps, a in zip(g.completions, g.gen_logprobs, adv.tolist(), strict=True):
+            samples.append(Sample(g.prompt_ids, ids, lps, a, g.local))
+    return samples
+
+
+class Learner:
+    """Owns the optimizer and applies one F-TIS update per call to :meth:`step`.
+
+    Args:
+        model: causal LM whose trainable parameters (``requires_grad``) are optimised.
+        config: :class:`LearnerConfig`.
+        pad_token_id: id used for right padding.
+    """
+
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_token_id: int) -> None:
+        self.model = model
+        self.config = config
+        self.pad_token_id = pad_token_id
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.learning_rate, betas=config.adam_betas,
+            weight_decay=config.weight_decay,
+        )
+        self.updates = 0
+
+    def _forward_logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                         use_cache=False)
+        logits = out.logits[:, :-1, :]
+        return completion_logprobs(logits, batch.targets, self.config.loss.temperature)
+
+    def step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+        """One optimizer step on ``groups``; returns metrics (floats).
+
+        ``on_policy`` ignores external groups. Micro-batches never mix local and external
+        samples so their statistics can be reported separately. Micro-batch losses are
+        re-weighted so the result equals the full-batch loss of the chosen aggregation.
+        """
+        cfg = self.config
+        t0 = time.perf_counter()
+        if cfg.loss.method == "on_policy":
+            groups = [g for g in groups if g.local]
+        samples = groups_to_samples(groups, cfg.scale_advantages_by_std)
+        metrics: dict[str, float] = {
+            "groups_local": float(sum(g.local for g in groups)),
+            "groups_external": float(sum(not g.local for g in groups)),
+            "groups_zero_variance": float(sum(g.reward_variance_zero for g in groups)),
+            "samples": float(len(samples)),
+        }
+        if not samples:
+            metrics.update(loss=0.0, grad_norm=0.0, learner_seconds=time.perf_counter() - t0,
+                           updated=0.0, train_tokens=0.0)
+            return metrics
+
+        total_tokens = sum(len(s.completion_ids) for s in samples)
+        total_seqs = len(samples)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        acc: dict[str, dict[str, float]] = {"all": {}, "external": {}}
+        for local in (True, False):
+            part = sorted((s for s in samples if s.local == local),
+                          key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+            for i in range(0, len(part), cfg.micro_batch_size):
+                mb = part[i : i + cfg.micro_batch_size]
+                batch = pack(mb, self.pad_token_id)
+                lp_theta = self._forward_logprobs(batch)
+                loss, stats = policy_loss(lp_theta, lp_theta.detach(), batch.gen_logprobs,
+                                          batch.advantages, batch.completion_mask, cfg.loss)
+                n_tok, n_seq = batch.num_tokens, len(mb)
+                scale = (n_tok / total_tokens if cfg.loss.aggregation == "token"
+                         else n_seq / total_seqs)
+                (loss * scale).backward()
+                loss_sum += float(loss.detach()) * scale
+                for key in (("all",) if local else ("all", "external")):
+                    _accumulate(acc[key], stats, n_tok, n_seq)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        finite = math.isfinite(float(grad_norm))
+        if finite:
+            self.optimizer.step()
+            self.updates += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics.update(
+            loss=loss_sum,
+            grad_norm=float(grad_norm),
+            updated=1.0 if finite else 0.0,
+            train_tokens=float(total_tokens),
+            learner_seconds=time.perf_counter() - t0,
+        )
+        for prefix, a in (("", acc["all"]), ("external_", acc["external"])):
+            metrics.update({prefix + k: v for k, v in _finish(a).items()})
+        return metrics
+
+
+_TOKEN_MEANS = ("is_weight_mean", "truncated_frac", "clip_frac", "logratio_gen_mean")
+_SEQ_MEANS = ("filtered_frac", "divergence_mean")
+_MAXES = ("is_weight_max", "is_weight_raw_max")
+
+
+def _accumulate(acc: dict[str, float], stats: dict[str, torch.Tensor], n_tok: int,
+                n_seq: int) -> None:
+    acc["_tok"] = acc.get("_tok", 0.0) + n_tok
+    acc["_seq"] = acc.get("_seq", 0.0) + n_seq
+    for k in _TOKEN_MEANS:
+        acc[k] = acc.get(k, 0.0) + float(stats[k]) * n_tok
+    for k in _SEQ_MEANS:
+        acc[k] = acc.get(k, 0.0) + float(stats[k]) * n_seq
+    for k in _MAXES:
+        acc[k] = max(acc.get(k, 0.0), float(stats[k]))
+
+
+def _finish(acc: dict[str, float]) -> dict[str, float]:
+    if not acc:
+        return {}
+    out = {k: acc[k] / max(acc["_tok"], 1) for k in _TOKEN_MEANS}
+    out.update({k: acc[k] / max(acc["_seq"], 1) for k in _SEQ_MEANS})
+    out.update({k: acc[k] for k in _MAXES})
+    out["samples_counted"] = acc["_seq"]
+    return out

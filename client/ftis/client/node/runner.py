@@ -1,0 +1,202 @@
+"""The volunteer's round loop (DESIGN.md section 3): lease, generate, score, submit,
+pull, learn, report, checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ftis.client.learner.batch import RolloutGroup
+from ftis.client.learner.checkpoint import load_checkpoint, save_checkpoint
+from ftis.client.learner.loss import LossConfig
+from ftis.client.learner.trainer import Learner, LearnerConfig
+from ftis.client.models.loader import Policy
+from ftis.client.node.config import ClientConfig
+from ftis.client.rollout.sampler import SamplingSettings, sample_groups
+from ftis.client.swarm.connection import SwarmConnection
+from ftis.client.swarm.external_pool import ExternalPool
+from ftis.protocol.errors import FtisError
+from ftis.tasks import TaskEntry, score_completion
+from ftis.v1 import bundle_pb2
+
+log = logging.getLogger(__name__)
+PULL_PAGE = 64
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB (0 where unsupported)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0.0
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 if sys.platform != "darwin" else kb / 2**20
+
+
+@dataclass
+class RoundResult:
+    round: int
+    metrics: dict[str, float]
+
+
+class VolunteerNode:
+    """Runs rounds for one policy against one coordinator.
+
+    Args:
+        config: :class:`ClientConfig`.
+        policy: the loaded model, tokenizer and card.
+        connection: a registered :class:`SwarmConnection`.
+    """
+
+    def __init__(self, config: ClientConfig, policy: Policy, connection: SwarmConnection) -> None:
+        self.config = config
+        self.policy = policy
+        self.conn = connection
+        self.out = Path(config.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        loss = LossConfig(
+            method=config.method, truncation=config.truncation,
+            filter_threshold=config.filter_threshold, divergence=config.divergence,
+            clip_eps_low=config.clip_eps, clip_eps_high=config.clip_eps,
+            aggregation=config.aggregation, temperature=config.temperature,
+        )
+        self.learner = Learner(
+            policy.model,
+            LearnerConfig(loss=loss, learning_rate=config.effective_learning_rate,
+                          micro_batch_size=config.micro_batch_size),
+            pad_token_id=policy.tokenizer.pad_token_id,
+        )
+        self.sampling = SamplingSettings(temperature=config.temperature,
+                                         max_new_tokens=config.max_new_tokens)
+        self.pool = ExternalPool(connection.node_id, int(policy.card.vocab_size),
+                                 policy.card.tokenizer_fingerprint,
+                                 rng=random.Random(config.seed))
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.round = 0
+        self.metrics_path = self.out / "metrics.jsonl"
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> bool:
+        """Load the latest checkpoint in ``out/checkpoints``; True if one was found."""
+        state = load_checkpoint(self.out / "checkpoints", self.policy.model,
+                                self.learner.optimizer)
+        if state is None:
+            return False
+        self.round = int(state["round"])
+        extra = state["extra"]
+        self.pool.cursor = int(extra.get("cursor", 0))
+        self.learner.updates = int(extra.get("updates", 0))
+        gen_state = extra.get("generator_state")
+        if gen_state is not None:
+            self.generator.set_state(torch.tensor(gen_state, dtype=torch.uint8))
+        log.info("resumed from round %d", self.round)
+        return True
+
+    # ------------------------------------------------------------------ one round
+    def _local_groups(self, stats: dict[str, float]) -> list[RolloutGroup]:
+        cfg, pol = self.config, self.policy
+        leases = self.conn.lease_tasks(cfg.local_groups, cfg.group_size, cfg.max_new_tokens)
+        prompts = [pol.prompt_token_ids([{"role": m.role, "content": m.content}
+                                         for m in lease.messages]) for lease in leases]
+        result = sample_groups(pol.model, [ids for ids, _ in prompts], cfg.group_size,
+                               self.sampling, pol.eos_token_ids, pol.tokenizer.pad_token_id,
+                               self.generator)
+        stats["generated_tokens"] = float(result.generated_tokens)
+        stats["generation_seconds"] = result.seconds
+        stats["tokens_per_second"] = result.generated_tokens / max(result.seconds, 1e-9)
+        groups, claimed_all, verified_all = [], [], []
+        bundle_bytes, bundle_tokens = 0, 0
+        for lease, (prompt_ids, prompt_text), sampled in zip(
+                leases, prompts, result.completions, strict=True):
+            entry = TaskEntry.from_json(lease.entry_json)
+            completions = []
+            for c in sampled:
+                text = pol.tokenizer.decode(c.token_ids, skip_special_tokens=False)
+                completions.append(bundle_pb2.Completion(
+                    token_ids=c.token_ids, logprobs=c.logprobs, text=text,
+                    claimed_reward=score_completion(lease.dataset, text, entry.as_entry()),
+                    finish_reason=c.finish_reason))
+            bundle = bundle_pb2.Bundle(
+                task_id=lease.task_id, lease_id=lease.lease_id, node_id=self.conn.node_id,
+                model_card=pol.card, policy_version=self.round,
+                sampling=self.sampling.to_proto(), prompt_token_ids=prompt_ids,
+                prompt_text=prompt_text, completions=completions,
+                created_at_ms=int(time.time() * 1000))
+            try:
+                reply = self.conn.submit_bundle(bundle)
+            except FtisError as exc:
+                log.warning("bundle for task %s rejected: %s", lease.task_id, exc)
+                stats["bundles_rejected"] = stats.get("bundles_rejected", 0.0) + 1
+                continue
+            bundle_bytes += bundle.ByteSize()
+            bundle_tokens += sum(len(c.token_ids) for c in completions)
+            verified = list(reply.verified_rewards)
+            claimed_all += [c.claimed_reward for c in completions]
+            verified_all += verified
+            groups.append(RolloutGroup(
+                prompt_ids=prompt_ids, completions=[c.token_ids for c in sampled],
+                gen_logprobs=[c.logprobs for c in sampled], rewards=verified, local=True,
+                sender=self.conn.node_id, policy_version=self.round, task_id=lease.task_id))
+        stats["reward_mean"] = sum(verified_all) / max(len(verified_all), 1)
+        stats["claimed_reward_mean"] = sum(claimed_all) / max(len(claimed_all), 1)
+        stats["bundles_submitted"] = float(len(groups))
+        stats["bundle_bytes_per_token"] = bundle_bytes / max(bundle_tokens, 1)
+        return groups
+
+    def _pull_external(self) -> None:
+        while True:
+            resp = self.conn.pull_bundles(self.pool.cursor, PULL_PAGE,
+                                          self.policy.card.tokenizer_fingerprint)
+            for relayed in resp.bundles:
+                self.pool.add(relayed)
+            self.pool.cursor = max(self.pool.cursor, resp.next_cursor)
+            if len(resp.bundles) < PULL_PAGE:
+                return
+
+    def run_round(self) -> RoundResult:
+        """One round; returns its metrics (also appended to ``out/metrics.jsonl``)."""
+        t0 = time.perf_counter()
+        cfg = self.config
+        stats: dict[str, float] = {}
+        self.conn.heartbeat(self.round)
+        local = self._local_groups(stats)
+        external: list[RolloutGroup] = []
+        if cfg.external_groups > 0 and cfg.method != "on_policy":
+            self._pull_external()
+            external = self.pool.take(cfg.external_groups)
+        stats["external_groups_used"] = float(len(external))
+        stats["external_pool_size"] = float(len(self.pool.groups))
+        stats.update(self.learner.step(local + external))
+        self.round += 1
+        stats["round_seconds"] = time.perf_counter() - t0
+        stats["peak_rss_mb"] = peak_rss_mb()
+        stats["updates"] = float(self.learner.updates)
+        self.conn.report_metrics(self.round, stats)
+        record = {"round": self.round, "node_id": self.conn.node_id, "model": cfg.model,
+                  "peft": cfg.peft, "method": cfg.method, "time": time.time(), **stats}
+        with open(self.metrics_path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.round % cfg.checkpoint_every == 0:
+            self.checkpoint()
+        return RoundResult(self.round, stats)
+
+    def checkpoint(self) -> None:
+        save_checkpoint(self.out / "checkpoints", self.round, self.policy.model,
+                        self.learner.optimizer,
+                        {"cursor": self.pool.cursor, "updates": self.learner.updates,
+                         "generator_state": self.generator.get_state().tolist()})
+
+    def run(self, on_round: Callable[[RoundResult], None] | None = None) -> None:
+        """Run until ``config.rounds`` rounds are done (forever if 0)."""
+        while self.config.rounds == 0 or self.round < self.config.rounds:
+            result = self.run_round()
+            if on_round:
+                on_round(result)

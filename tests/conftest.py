@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny random models with real BPE tokenizers, offline hub settings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Directory of a tiny random Llama (vocab ~300) that loads like any HF model."""
+    from ftis.client.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_factory(tiny_model_dir):
+    from ftis.client.models.loader import load_policy
+
+    def make(peft: str = "none"):
+        import torch
+
+        torch.manual_seed(0)
+        return load_policy(str(tiny_model_dir), peft=peft)
+
+    return make

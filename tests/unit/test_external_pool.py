@@ -1,0 +1,53 @@
+"""Receivers re-verify relayed bundles before they can reach the learner."""
+
+import random
+
+from ftis.client.swarm.external_pool import ExternalPool
+from ftis.protocol.envelope import seal
+from ftis.protocol.identity import NodeIdentity
+from ftis.v1 import bundle_pb2, swarm_pb2
+
+FP = "ab" * 32
+
+
+def _relayed(identity, seq, rewards=(1.0, 0.0), token=5, fingerprint=FP, version=0):
+    bundle = bundle_pb2.Bundle(
+        task_id=f"t{seq}", lease_id=f"l{seq}", node_id=identity.node_id,
+        model_card=bundle_pb2.ModelCard(tokenizer_fingerprint=fingerprint, vocab_size=100),
+        policy_version=version,
+        sampling=bundle_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=8),
+        prompt_token_ids=[1, 2, 3],
+        completions=[bundle_pb2.Completion(token_ids=[token, 6], logprobs=[-0.5, -1.0],
+                                           text="x y", claimed_reward=r) for r in rewards],
+    )
+    return swarm_pb2.RelayedBundle(sequence=seq, bundle_id=f"b{seq}",
+                                   envelope=seal("bundle", bundle, identity),
+                                   verified_rewards=list(rewards))
+
+
+def test_pool_keeps_valid_and_drops_bad_bundles():
+    me, peer = NodeIdentity.generate(), NodeIdentity.generate()
+    pool = ExternalPool(me.node_id, vocab_size=100, fingerprint=FP, rng=random.Random(0))
+    assert pool.add(_relayed(peer, 1))
+    tampered = _relayed(peer, 2)
+    tampered.envelope.payload = tampered.envelope.payload[:-1] + bytes(
+        [tampered.envelope.payload[-1] ^ 1])
+    assert not pool.add(tampered)
+    assert not pool.add(_relayed(me, 3))  # own bundle
+    assert not pool.add(_relayed(peer, 4, token=100))  # outside the receiver's vocabulary
+    assert not pool.add(_relayed(peer, 5, fingerprint="cd" * 32))
+    assert not pool.add(_relayed(peer, 6, rewards=(1.0, 1.0)))  # zero variance: no signal
+    assert pool.cursor == 6 and len(pool.groups) == 1 and pool.rejected == 4
+    group = pool.take(3)[0]
+    assert group.local is False and group.sender == peer.node_id
+    assert group.rewards == [1.0, 0.0] and group.gen_logprobs[0] == [-0.5, -1.0]
+    assert pool.take(1) == []  # each group is used once
+
+
+def test_pool_drops_stale_groups():
+    me, peer = NodeIdentity.generate(), NodeIdentity.generate()
+    pool = ExternalPool(me.node_id, 100, FP, max_policy_lag=2)
+    for seq, version in enumerate([0, 5, 6], start=1):
+        pool.add(_relayed(peer, seq, version=version))
+    taken = pool.take(5)
+    assert sorted(g.policy_version for g in taken) == [5, 6]
