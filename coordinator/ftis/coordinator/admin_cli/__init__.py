@@ -1,0 +1,1 @@
+"""``ftis-admin`` command line (operator client of the admin service)."""

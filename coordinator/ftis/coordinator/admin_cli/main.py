@@ -1,0 +1,323 @@
+"""``ftis-admin``: operator CLI over the coordinator's admin service.
+
+``ftis-admin [--admin HOST:PORT] [--timeout S] COMMAND [--json]`` with commands
+``nodes list``, ``nodes show NODE``, ``bundles list [--node N] [--limit K]``, ``stats``,
+``ban NODE [--reason TEXT]`` and ``unban NODE``. ``--json`` prints the response as
+proto3 JSON (field names as in ``admin.proto``, int64 as numbers).
+
+Exit codes: 0 ok; 1 the coordinator answered with an error code (or failed the call);
+2 usage error; 3 coordinator unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from enum import IntEnum
+from typing import Annotated, Any
+
+import grpc
+import typer
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+
+from ftis.protocol.errors import ErrorCode, code_name
+from ftis.v1 import admin_pb2, admin_pb2_grpc
+
+
+class AdminExit(IntEnum):
+    """Process exit status of ``ftis-admin``."""
+
+    OK = 0
+    ERROR = 1  #: error response from the coordinator, or a failed call
+    USAGE = 2
+    UNREACHABLE = 3
+
+
+app = typer.Typer(
+    name="ftis-admin",
+    help="Operator CLI of the FTIS coordinator's admin service.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+nodes_app = typer.Typer(help="Registered nodes.", no_args_is_help=True)
+bundles_app = typer.Typer(help="Stored bundles.", no_args_is_help=True)
+app.add_typer(nodes_app, name="nodes")
+app.add_typer(bundles_app, name="bundles")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+_console = Console()
+
+
+class _Settings:
+    admin: str = "127.0.0.1:7001"
+    timeout: float = 10.0
+
+
+_settings = _Settings()
+
+
+@app.callback()
+def _main(
+    admin: Annotated[
+        str, typer.Option(envvar="FTIS_ADMIN", help="HOST:PORT of the coordinator admin service.")
+    ] = "127.0.0.1:7001",
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the coordinator.")] = 10.0,
+) -> None:
+    """Operator CLI of the FTIS coordinator."""
+    _settings.admin = admin
+    _settings.timeout = timeout
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    """Proto message -> JSON-ready dict (proto field names, defaults included)."""
+    return json_format.MessageToDict(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        unquote_int64_if_possible=True,
+    )
+
+
+def _call(method: str, request: Message) -> Any:
+    """Call ``Admin.<method>``; exits 3 if the coordinator cannot be reached, 1 on a
+    failed call."""
+    channel = grpc.insecure_channel(_settings.admin)
+    try:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=_settings.timeout)
+        except grpc.FutureTimeoutError:
+            _die(
+                AdminExit.UNREACHABLE,
+                f"cannot reach coordinator admin service at {_settings.admin}",
+            )
+        stub = admin_pb2_grpc.AdminStub(channel)
+        try:
+            return getattr(stub, method)(request, timeout=_settings.timeout)
+        except grpc.RpcError as exc:
+            status = exc.code() if hasattr(exc, "code") else None
+            if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                _die(
+                    AdminExit.UNREACHABLE,
+                    f"cannot reach coordinator admin service at {_settings.admin}",
+                )
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            _die(AdminExit.ERROR, f"{method} failed: {status}: {details}")
+    finally:
+        channel.close()
+
+
+def _die(code: AdminExit, message: str) -> None:
+    print(f"ftis-admin: {message}", file=sys.stderr)
+    raise typer.Exit(int(code))
+
+
+def _check_error(response: Any, as_json: bool) -> None:
+    """Exit 1 with ``CODE_NAME (n): reason`` if the response carries an error."""
+    error = response.error
+    if error.code == ErrorCode.ERROR_CODE_UNSPECIFIED:
+        return
+    if as_json:
+        name = code_name(error.code)
+        print(json.dumps({"error": {"code": error.code, "name": name, "reason": error.reason}}))
+    _die(AdminExit.ERROR, f"{code_name(error.code)} ({error.code}): {error.reason}")
+
+
+def _print_json(message: Message) -> None:
+    print(json.dumps(to_dict(message), indent=2, sort_keys=True))
+
+
+def _age(ms: int) -> str:
+    if ms <= 0:
+        return "-"
+    seconds = max(0.0, time.time() - ms / 1000)
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(v) for v in row))
+    _console.print(table)
+
+
+def _node_rows(nodes: list[admin_pb2.NodeInfo]) -> list[list[Any]]:
+    return [
+        [
+            n.node_id,
+            n.display_name,
+            n.model_card.base_model,
+            n.model_card.tokenizer_fingerprint[:12],
+            n.policy_version,
+            n.bundles_accepted,
+            n.bundles_rejected,
+            n.reward_mismatches,
+            _age(n.last_seen_ms),
+            "BANNED" if n.banned else "",
+        ]
+        for n in nodes
+    ]
+
+
+_NODE_COLUMNS = [
+    "node",
+    "name",
+    "model",
+    "tokenizer",
+    "policy",
+    "accepted",
+    "rejected",
+    "mismatches",
+    "last seen",
+    "status",
+]
+
+
+def _show_node(node: admin_pb2.NodeInfo, title: str) -> None:
+    _table(title, _NODE_COLUMNS, _node_rows([node]))
+    if node.banned:
+        _console.print(f"ban reason: {node.ban_reason}")
+
+
+@nodes_app.command("list")
+def nodes_list(as_json: JsonFlag = False) -> None:
+    """List registered nodes."""
+    response = _call("ListNodes", admin_pb2.ListNodesRequest())
+    if as_json:
+        _print_json(response)
+        return
+    _table("nodes", _NODE_COLUMNS, _node_rows(list(response.nodes)))
+
+
+@nodes_app.command("show")
+def nodes_show(
+    node: Annotated[str, typer.Argument(help="Node id or unique prefix.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Show one node, its model card, latest metrics and rejections by code."""
+    response = _call("GetNode", admin_pb2.GetNodeRequest(node_id=node))
+    _check_error(response, as_json)
+    if as_json:
+        _print_json(response)
+        return
+    n = response.node
+    _show_node(n, f"node {n.node_id}")
+    card = n.model_card
+    _console.print(
+        f"model card: base={card.base_model} params={card.parameter_count} peft={card.peft} "
+        f"dtype={card.dtype} quant={card.quantization} vocab={card.vocab_size} "
+        f"tokenizer={card.tokenizer_fingerprint}"
+    )
+    if n.latest_metrics:
+        _table(
+            f"latest metrics (step {n.latest_metrics_step})",
+            ["metric", "value"],
+            [[k, f"{v:.6g}"] for k, v in sorted(n.latest_metrics.items())],
+        )
+    if response.rejections_by_code:
+        _table(
+            "rejections by code",
+            ["code", "count"],
+            sorted([k, v] for k, v in response.rejections_by_code.items()),
+        )
+
+
+@bundles_app.command("list")
+def bundles_list(
+    node: Annotated[str, typer.Option(help="Only bundles of nodes with this id prefix.")] = "",
+    limit: Annotated[int, typer.Option(min=1, help="Most recent bundles to show.")] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """List stored bundles, newest first."""
+    response = _call("ListBundles", admin_pb2.ListBundlesRequest(node_id=node, limit=limit))
+    if as_json:
+        _print_json(response)
+        return
+    _table(
+        "bundles",
+        [
+            "seq",
+            "bundle",
+            "node",
+            "dataset",
+            "G",
+            "tokens",
+            "reward",
+            "mismatches",
+            "policy",
+            "bytes",
+            "stored",
+        ],
+        [
+            [
+                b.sequence,
+                b.bundle_id[:12],
+                b.node_id[:12],
+                b.dataset,
+                b.completions,
+                b.completion_tokens,
+                f"{b.mean_verified_reward:.3f}",
+                b.reward_mismatches,
+                b.policy_version,
+                b.size_bytes,
+                _age(b.stored_at_ms),
+            ]
+            for b in response.bundles
+        ],
+    )
+
+
+@app.command()
+def stats(as_json: JsonFlag = False) -> None:
+    """Swarm-wide counters."""
+    response = _call("Stats", admin_pb2.StatsRequest())
+    if as_json:
+        _print_json(response)
+        return
+    fields = to_dict(response)
+    by_code = fields.pop("rejections_by_code", {})
+    _table("stats", ["counter", "value"], [[k, v] for k, v in fields.items()])
+    if by_code:
+        _table("rejections by code", ["code", "count"], sorted([k, v] for k, v in by_code.items()))
+
+
+def _ban_like(method: str, request: Message, as_json: bool, verb: str) -> None:
+    response = _call(method, request)
+    _check_error(response, as_json)
+    if as_json:
+        _print_json(response)
+        return
+    _show_node(response.node, f"{verb} {response.node.node_id}")
+
+
+@app.command()
+def ban(
+    node: Annotated[str, typer.Argument(help="Node id or unique prefix.")],
+    reason: Annotated[str, typer.Option(help="Why (stored with the ban).")] = "",
+    as_json: JsonFlag = False,
+) -> None:
+    """Ban a node: its calls are refused and its bundles no longer relayed."""
+    _ban_like("BanNode", admin_pb2.BanNodeRequest(node_id=node, reason=reason), as_json, "banned")
+
+
+@app.command()
+def unban(
+    node: Annotated[str, typer.Argument(help="Node id or unique prefix.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Lift a node's ban."""
+    _ban_like("UnbanNode", admin_pb2.UnbanNodeRequest(node_id=node), as_json, "unbanned")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""``ftis-coordinator`` command line."""

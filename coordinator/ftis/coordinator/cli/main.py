@@ -1,0 +1,129 @@
+"""``ftis-coordinator`` command line.
+
+``ftis-coordinator serve [--listen HOST:PORT] [--admin-listen HOST:PORT] [--db PATH|URL]
+[--config FILE] [--ready-file PATH]``; also runnable as
+``python -m ftis.coordinator.cli.main serve ...``. Exit codes: :class:`ExitCode`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import pydantic
+import typer
+
+from ftis.coordinator.cli.exit_codes import ExitCode
+from ftis.coordinator.config import ConfigError, load_config
+
+app = typer.Typer(
+    name="ftis-coordinator",
+    help="FTIS coordinator: task leases, bundle verification and relay, admin service.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+log = logging.getLogger("ftis.coordinator")
+
+
+@app.callback()
+def _main() -> None:
+    """FTIS coordinator."""
+
+
+def write_ready_file(path: Path, listen: str, admin: str) -> None:
+    """Atomically write ``{"listen": "host:port", "admin": "host:port", "pid": N}``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"listen": listen, "admin": admin, "pid": os.getpid()}))
+    os.replace(tmp, path)
+
+
+def _fail(code: ExitCode, message: str) -> typer.Exit:
+    print(f"ftis-coordinator: {message.splitlines()[0] if message else code.name}", file=sys.stderr)
+    return typer.Exit(int(code))
+
+
+@app.command()
+def serve(
+    listen: Annotated[
+        str | None, typer.Option(help="HOST:PORT of the volunteer service (port 0 = any).")
+    ] = None,
+    admin_listen: Annotated[
+        str | None, typer.Option(help="HOST:PORT of the admin service (keep on loopback).")
+    ] = None,
+    db: Annotated[
+        str | None, typer.Option(help="SQLite file path or SQLAlchemy database URL.")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="JSON or TOML settings file (flags override it).")
+    ] = None,
+    ready_file: Annotated[
+        Path | None,
+        typer.Option(help="Write {listen, admin, pid} as JSON here once both ports are bound."),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run the coordinator until SIGINT or SIGTERM."""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        cfg = load_config(config, listen=listen, admin_listen=admin_listen, db=db)
+    except (ConfigError, pydantic.ValidationError) as exc:
+        raise _fail(ExitCode.USAGE, f"invalid configuration: {exc}".replace("\n", " ")) from None
+
+    from ftis.coordinator.server.app import BindError, CoordinatorServer
+    from ftis.coordinator.state.base import DatabaseError
+
+    try:
+        server = CoordinatorServer(cfg)
+    except DatabaseError as exc:
+        raise _fail(ExitCode.DATABASE, str(exc)) from None
+    except ValueError as exc:  # e.g. a task config ReasoningGYM refuses
+        raise _fail(ExitCode.USAGE, f"invalid configuration: {exc}") from None
+    try:
+        server.start()
+    except BindError as exc:
+        server.stop(None)
+        raise _fail(ExitCode.BIND, str(exc)) from None
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        if ready_file is not None:
+            write_ready_file(ready_file, server.address, server.admin_address)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop(grace=5.0)
+        log.info("stopped")
+
+
+def main() -> None:
+    """Entry point that maps unexpected exceptions to exit code 1."""
+    try:
+        app()
+    except SystemExit:
+        raise
+    except Exception:
+        logging.getLogger("ftis.coordinator").exception("unexpected error")
+        sys.exit(int(ExitCode.UNEXPECTED))
+
+
+if __name__ == "__main__":
+    main()

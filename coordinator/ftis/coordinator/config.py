@@ -1,0 +1,159 @@
+"""Coordinator settings: the single source of defaults.
+
+Precedence, highest first: explicit keyword arguments (the CLI flags) > environment
+variables ``FTIS_COORDINATOR_<FIELD>`` (lists such as ``TASKS`` as JSON) > the
+``--config`` file (JSON, or TOML when the name ends in ``.toml``) > the defaults below.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from ftis.protocol.bundles import MAX_BUNDLE_BYTES
+from ftis.tasks.source import DEFAULT_TASKS, TaskSpec
+
+# Values read from a --config file; seen by the settings source below while a
+# CoordinatorConfig is being built by :func:`load_config`.
+_FILE_VALUES: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "ftis_coordinator_file_values", default=None
+)
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be read or parsed."""
+
+
+def parse_host_port(address: str) -> tuple[str, int]:
+    """Split ``"host:port"`` (``"[::1]:7000"`` for IPv6) into ``(host, port)``.
+
+    Raises:
+        ValueError: if the port is missing or outside ``[0, 65535]`` (0 = any free port).
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} outside [0, 65535]")
+    return host, port
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Settings source for the values of a ``--config`` file (lowest priority)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return (_FILE_VALUES.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_VALUES.get() or {})
+
+
+class CoordinatorConfig(BaseSettings):
+    """Everything the coordinator can be told.
+
+    Attributes:
+        listen: ``HOST:PORT`` of the volunteer ``Swarm`` service (port 0 = any free port).
+        admin_listen: ``HOST:PORT`` of the operator ``Admin`` service (keep it on loopback).
+        db: SQLAlchemy URL (``sqlite:///PATH``, ``sqlite://`` in memory,
+            ``postgresql://...``) or a plain path, which means an SQLite file.
+        tasks: ReasoningGYM task mix handed out in leases.
+        task_seed: seed of the task mix (dataset ``k`` uses ``task_seed + k``).
+        lease_ttl_s: seconds from issuing a lease to its deadline.
+        max_outstanding_leases: unanswered, unexpired leases one node may hold.
+        min_group_size, max_group_size: allowed G per lease request.
+        max_new_tokens_limit: largest ``max_new_tokens`` a lease may ask for.
+        max_bundle_bytes: largest accepted envelope payload, bytes.
+        register_clock_skew_s: allowed ``|server time - registration timestamp|``, seconds.
+        heartbeat_interval_s: heartbeat period suggested to clients, seconds.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FTIS_COORDINATOR_", extra="forbid")
+
+    listen: str = "127.0.0.1:7000"
+    admin_listen: str = "127.0.0.1:7001"
+    db: str = "ftis-coordinator.db"
+    tasks: list[TaskSpec] = Field(default_factory=lambda: list(DEFAULT_TASKS), min_length=1)
+    task_seed: int = 0
+    lease_ttl_s: float = Field(default=600, gt=0)
+    max_outstanding_leases: int = Field(default=64, ge=1)
+    min_group_size: int = Field(default=2, ge=1)
+    max_group_size: int = Field(default=64, ge=1)
+    max_new_tokens_limit: int = Field(default=1024, ge=1)
+    max_bundle_bytes: int = Field(default=MAX_BUNDLE_BYTES, ge=1024)
+    register_clock_skew_s: float = Field(default=300, ge=0)
+    heartbeat_interval_s: float = Field(default=30, gt=0)
+
+    @field_validator("listen", "admin_listen")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        parse_host_port(value)
+        return value
+
+    @field_validator("max_group_size")
+    @classmethod
+    def _group_range(cls, value: int, info: Any) -> int:
+        low = info.data.get("min_group_size", 1)
+        if value < low:
+            raise ValueError(f"max_group_size {value} < min_group_size {low}")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+    @property
+    def db_url(self) -> str:
+        """The database as an SQLAlchemy URL (a plain path becomes ``sqlite:///ABSPATH``)."""
+        if "://" in self.db:
+            return self.db
+        return "sqlite:///" + str(Path(self.db).expanduser().resolve())
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Values of a JSON or TOML (``*.toml``) configuration file.
+
+    Raises:
+        ConfigError: if the file cannot be read, does not parse, or is not a mapping.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a table/object at the top level")
+    return data
+
+
+def load_config(config_file: str | Path | None = None, **overrides: Any) -> CoordinatorConfig:
+    """Build a :class:`CoordinatorConfig` from defaults, file, environment and overrides.
+
+    Args:
+        config_file: optional JSON/TOML file.
+        overrides: field values (e.g. CLI flags); ``None`` values are ignored.
+
+    Raises:
+        ConfigError: unreadable file.
+        pydantic.ValidationError: invalid values.
+    """
+    file_values = read_config_file(config_file) if config_file is not None else {}
+    token = _FILE_VALUES.set(file_values)
+    try:
+        return CoordinatorConfig(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        _FILE_VALUES.reset(token)

@@ -1,0 +1,1 @@
+"""gRPC servicers (volunteer ``Swarm`` and operator ``Admin``) and the server that hosts them."""

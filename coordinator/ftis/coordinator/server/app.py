@@ -1,0 +1,152 @@
+"""The coordinator server: the ``Swarm`` and ``Admin`` gRPC services on two listeners.
+
+Programmatic use (e.g. in an integration test)::
+
+    from ftis.coordinator.config import CoordinatorConfig
+    from ftis.coordinator.server.app import CoordinatorServer
+
+    server = CoordinatorServer(CoordinatorConfig(
+        listen="127.0.0.1:0", admin_listen="127.0.0.1:0", db=str(tmp_path / "c.db")))
+    server.start()
+    channel = grpc.insecure_channel(server.address)   # "127.0.0.1:<port>"
+    ...
+    server.stop(grace=1.0)
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from ftis.coordinator.config import CoordinatorConfig, parse_host_port
+from ftis.coordinator.server.admin_service import AdminService
+from ftis.coordinator.server.swarm_service import SwarmService
+from ftis.coordinator.service import Clock, Coordinator, wall_clock_ms
+from ftis.coordinator.state.base import State
+from ftis.coordinator.state.sql import SqlState
+from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
+from ftis.v1 import admin_pb2_grpc, swarm_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+WORKER_THREADS = 16
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+    # Never share a port with another process (gRPC enables SO_REUSEPORT by default).
+    ("grpc.so_reuseport", 0),
+]
+
+
+class BindError(RuntimeError):
+    """A listener address cannot be bound."""
+
+
+def _bind(server: grpc.Server, address: str) -> int:
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise BindError(f"cannot listen on {address}: {exc}") from exc
+    if port == 0:
+        raise BindError(f"cannot listen on {address}")
+    return port
+
+
+class CoordinatorServer:
+    """Hosts :class:`SwarmService` and :class:`AdminService` on separate gRPC servers.
+
+    Args:
+        config: settings; ``listen``/``admin_listen`` may use port 0 (any free port).
+        state: storage; by default an :class:`SqlState` on ``config.db_url``.
+        clock: unix-milliseconds clock.
+
+    Raises:
+        DatabaseError: if the database cannot be opened (raised by the constructor).
+    """
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        *,
+        state: State | None = None,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        self.config = config
+        self.state = state if state is not None else SqlState(config.db_url)
+        self.coordinator = Coordinator(config, self.state, clock)
+        self._swarm: grpc.Server | None = None
+        self._admin: grpc.Server | None = None
+        self._port = 0
+        self._admin_port = 0
+
+    def start(self) -> None:
+        """Bind both listeners and start serving.
+
+        Raises:
+            BindError: if an address cannot be bound (nothing is left running).
+        """
+        swarm = grpc.server(
+            ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ftis-swarm"),
+            options=GRPC_OPTIONS,
+        )
+        swarm_pb2_grpc.add_SwarmServicer_to_server(SwarmService(self.coordinator), swarm)
+        admin = grpc.server(
+            ThreadPoolExecutor(4, thread_name_prefix="ftis-admin"), options=GRPC_OPTIONS
+        )
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self.coordinator), admin)
+        try:
+            self._port = _bind(swarm, self.config.listen)
+            self._admin_port = _bind(admin, self.config.admin_listen)
+        except BindError:
+            swarm.stop(None)
+            admin.stop(None)
+            raise
+        swarm.start()
+        admin.start()
+        self._swarm, self._admin = swarm, admin
+        log.info("swarm service on %s, admin service on %s", self.address, self.admin_address)
+
+    @property
+    def port(self) -> int:
+        """Bound port of the volunteer service (0 before :meth:`start`)."""
+        return self._port
+
+    @property
+    def admin_port(self) -> int:
+        """Bound port of the admin service (0 before :meth:`start`)."""
+        return self._admin_port
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the volunteer service as bound."""
+        return f"{parse_host_port(self.config.listen)[0]}:{self._port}"
+
+    @property
+    def admin_address(self) -> str:
+        """``host:port`` of the admin service as bound."""
+        return f"{parse_host_port(self.config.admin_listen)[0]}:{self._admin_port}"
+
+    def stop(self, grace: float | None = 5.0) -> None:
+        """Stop accepting calls, let running ones finish for ``grace`` seconds, close the
+        database. Idempotent."""
+        events = [s.stop(grace) for s in (self._swarm, self._admin) if s is not None]
+        for event in events:
+            event.wait()
+        self._swarm = self._admin = None
+        self.state.close()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server stops (or ``timeout`` seconds pass); True if stopped."""
+        if self._swarm is None:
+            return True
+        timed_out = self._swarm.wait_for_termination(timeout)
+        return not timed_out
+
+    def __enter__(self) -> CoordinatorServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(1.0)

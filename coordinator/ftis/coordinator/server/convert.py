@@ -1,0 +1,83 @@
+"""Conversions from state records to ``ftis.v1`` messages."""
+
+from __future__ import annotations
+
+from ftis.coordinator.state.base import BundleRecord, LeaseRecord, NodeRecord
+from ftis.protocol.errors import code_name
+from ftis.tasks import render_messages
+from ftis.v1 import admin_pb2, bundle_pb2, common_pb2, swarm_pb2
+
+
+def task_lease(lease: LeaseRecord) -> swarm_pb2.TaskLease:
+    """The ``TaskLease`` sent to the node (prompt rendered as chat messages)."""
+    return swarm_pb2.TaskLease(
+        lease_id=lease.lease_id,
+        task_id=lease.task_id,
+        dataset=lease.dataset,
+        messages=[
+            common_pb2.ChatMessage(role=m["role"], content=m["content"])
+            for m in render_messages(lease.entry.question)
+        ],
+        question=lease.entry.question,
+        deadline_ms=lease.deadline_ms,
+        group_size=lease.group_size,
+        max_new_tokens=lease.max_new_tokens,
+        entry_json=lease.entry.to_json(),
+    )
+
+
+def relayed_bundle(record: BundleRecord) -> swarm_pb2.RelayedBundle:
+    """A stored bundle as relayed to other nodes (envelope exactly as signed)."""
+    envelope = bundle_pb2.SignedEnvelope()
+    envelope.ParseFromString(record.envelope)
+    return swarm_pb2.RelayedBundle(
+        sequence=record.sequence,
+        bundle_id=record.bundle_id,
+        envelope=envelope,
+        verified_rewards=record.verified_rewards,
+        stored_at_ms=record.stored_at_ms,
+    )
+
+
+def node_info(node: NodeRecord) -> admin_pb2.NodeInfo:
+    """Admin view of a node."""
+    card = bundle_pb2.ModelCard()
+    card.ParseFromString(node.model_card)
+    return admin_pb2.NodeInfo(
+        node_id=node.node_id,
+        display_name=node.display_name,
+        model_card=card,
+        registered_at_ms=node.registered_at_ms,
+        last_seen_ms=node.last_seen_ms,
+        banned=node.banned,
+        ban_reason=node.ban_reason,
+        policy_version=node.policy_version,
+        bundles_accepted=node.bundles_accepted,
+        bundles_rejected=node.bundles_rejected,
+        reward_mismatches=node.reward_mismatches,
+        latest_metrics=node.latest_metrics,
+        latest_metrics_step=node.latest_metrics_step,
+    )
+
+
+def bundle_info(record: BundleRecord) -> admin_pb2.BundleInfo:
+    """Admin view of a stored bundle (no envelope)."""
+    return admin_pb2.BundleInfo(
+        sequence=record.sequence,
+        bundle_id=record.bundle_id,
+        node_id=record.node_id,
+        task_id=record.task_id,
+        dataset=record.dataset,
+        completions=record.completions,
+        completion_tokens=record.completion_tokens,
+        mean_verified_reward=record.mean_reward,
+        policy_version=record.policy_version,
+        stored_at_ms=record.stored_at_ms,
+        size_bytes=record.size_bytes,
+        reward_mismatches=record.reward_mismatches,
+    )
+
+
+def codes_by_name(counts: dict[int, int]) -> dict[str, int]:
+    """``{code: n}`` -> ``{"CODE_NAME": n}``."""
+    return {code_name(code): n for code, n in counts.items()}

@@ -1,0 +1,1 @@
+"""Persistent coordinator state: abstract interface and the SQLAlchemy implementation."""

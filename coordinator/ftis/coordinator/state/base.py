@@ -1,0 +1,260 @@
+"""Abstract coordinator state and the plain records it hands out.
+
+Records are frozen dataclasses, detached from any database session, so that callers
+(verification, servicers, tests) never touch the ORM.
+
+Rejected submissions change nothing in nodes, leases or bundles: the only write is
+one audit row in the verdict log. Per-node rejection counts are *derived* from that
+log (``bundles_rejected``, ``rejections_by_code``).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+from ftis.tasks.source import TaskEntry
+
+
+class DatabaseError(RuntimeError):
+    """The database cannot be reached or initialised."""
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """A registered node.
+
+    ``model_card`` is a serialized ``ftis.v1.ModelCard``; ``fingerprint`` and
+    ``vocab_size`` are copied out of it. Times are unix milliseconds.
+    """
+
+    node_id: str
+    public_key: bytes
+    display_name: str
+    model_card: bytes
+    fingerprint: str
+    vocab_size: int
+    client_version: str
+    registered_at_ms: int
+    last_seen_ms: int
+    policy_version: int
+    banned: bool
+    ban_reason: str
+    bundles_accepted: int
+    bundles_rejected: int
+    reward_mismatches: int
+    completions: int
+    completion_tokens: int
+    latest_metrics: dict[str, float] = field(default_factory=dict)
+    latest_metrics_step: int = 0
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """A task issued to one node. ``bundle_id`` is set once a bundle answered it.
+
+    ``spec_index`` is the position of the task's dataset in the configured task mix
+    (used to resume the task cursors after a restart).
+    """
+
+    lease_id: str
+    task_id: str
+    node_id: str
+    dataset: str
+    spec_index: int
+    entry: TaskEntry
+    group_size: int
+    max_new_tokens: int
+    issued_at_ms: int
+    deadline_ms: int
+    bundle_id: str | None = None
+
+
+@dataclass(frozen=True)
+class NewBundle:
+    """A verified bundle about to be stored.
+
+    Attributes:
+        bundle_id: hex SHA-256 of the envelope payload.
+        envelope: the serialized ``SignedEnvelope`` as received.
+        verified_rewards: coordinator's reward per completion, in [0, 1].
+        reward_mismatches: completions whose claimed reward differed by more than 1e-6.
+    """
+
+    bundle_id: str
+    node_id: str
+    task_id: str
+    lease_id: str
+    fingerprint: str
+    envelope: bytes
+    verified_rewards: list[float]
+    mean_reward: float
+    zero_variance: bool
+    completions: int
+    completion_tokens: int
+    size_bytes: int
+    reward_mismatches: int
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class BundleRecord:
+    """A stored bundle; ``sequence`` is its position in the relay order (1, 2, ...)."""
+
+    sequence: int
+    bundle_id: str
+    node_id: str
+    task_id: str
+    lease_id: str
+    dataset: str
+    fingerprint: str
+    envelope: bytes
+    verified_rewards: list[float]
+    mean_reward: float
+    zero_variance: bool
+    completions: int
+    completion_tokens: int
+    size_bytes: int
+    reward_mismatches: int
+    policy_version: int
+    stored_at_ms: int
+
+
+@dataclass(frozen=True)
+class StatsRecord:
+    """Swarm-wide counters for the admin ``Stats`` call (``rejections_by_code``: code -> n)."""
+
+    nodes: int
+    active_nodes: int
+    banned_nodes: int
+    leases_outstanding: int
+    bundles_accepted: int
+    bundles_rejected: int
+    completions: int
+    completion_tokens: int
+    mean_verified_reward: float
+    rejections_by_code: dict[int, int]
+    bundle_bytes: int
+
+
+class State(abc.ABC):
+    """Storage operations the coordinator needs. Implementations must be thread-safe."""
+
+    # -- nodes -----------------------------------------------------------------
+    @abc.abstractmethod
+    def upsert_node(
+        self,
+        *,
+        node_id: str,
+        public_key: bytes,
+        display_name: str,
+        model_card: bytes,
+        fingerprint: str,
+        vocab_size: int,
+        client_version: str,
+        now_ms: int,
+    ) -> NodeRecord:
+        """Insert a node or update its card, name and ``last_seen_ms`` (ban untouched)."""
+
+    @abc.abstractmethod
+    def get_node(self, node_id: str) -> NodeRecord | None:
+        """The node with exactly this id, or ``None``."""
+
+    @abc.abstractmethod
+    def resolve_node(self, id_or_prefix: str) -> NodeRecord:
+        """The node with this id, or the only node whose id starts with it.
+
+        Raises:
+            FtisError: NODE_UNKNOWN if none or several match.
+        """
+
+    @abc.abstractmethod
+    def list_nodes(self) -> list[NodeRecord]:
+        """All nodes, oldest registration first."""
+
+    @abc.abstractmethod
+    def touch_node(self, node_id: str, now_ms: int, policy_version: int | None = None) -> None:
+        """Set ``last_seen_ms`` (and ``policy_version`` when given)."""
+
+    @abc.abstractmethod
+    def set_ban(self, node_id: str, banned: bool, reason: str = "") -> NodeRecord:
+        """Ban or unban a node (exact id). Raises FtisError NODE_UNKNOWN."""
+
+    # -- leases ----------------------------------------------------------------
+    @abc.abstractmethod
+    def count_outstanding_leases(self, node_id: str | None, now_ms: int) -> int:
+        """Unanswered leases with ``deadline_ms >= now_ms`` (of one node, or all)."""
+
+    @abc.abstractmethod
+    def insert_leases(self, leases: list[LeaseRecord]) -> None:
+        """Store newly issued leases in one transaction."""
+
+    @abc.abstractmethod
+    def get_lease_by_task(self, task_id: str) -> LeaseRecord | None:
+        """The lease issued for ``task_id``, or ``None``."""
+
+    @abc.abstractmethod
+    def lease_counts(self) -> dict[tuple[int, str], int]:
+        """Number of leases issued per ``(spec_index, dataset)``."""
+
+    # -- bundles ---------------------------------------------------------------
+    @abc.abstractmethod
+    def store_bundle(self, bundle: NewBundle, now_ms: int) -> BundleRecord:
+        """Durably store an accepted bundle in ONE transaction: insert the bundle, mark
+        its lease answered, bump the node's counters, append an accepting verdict.
+        Returns only after commit.
+
+        Raises:
+            FtisError: BUNDLE_REPLAYED if the lease was answered meanwhile (the unique
+                ``lease_id`` constraint is the database-level replay guard).
+        """
+
+    @abc.abstractmethod
+    def record_rejection(
+        self, node_id: str | None, bundle_id: str | None, code: int, reason: str, now_ms: int
+    ) -> None:
+        """Append a rejecting verdict to the audit log (nothing else changes)."""
+
+    @abc.abstractmethod
+    def pull_bundles(
+        self,
+        *,
+        requester_id: str,
+        cursor: int,
+        limit: int,
+        max_bytes: int,
+        fingerprint: str = "",
+        skip_zero_variance: bool = False,
+    ) -> tuple[list[BundleRecord], int]:
+        """Relay page: bundles with ``sequence > cursor`` in sequence order, excluding the
+        requester's own, banned senders', other fingerprints (when ``fingerprint``) and
+        zero-variance groups (when ``skip_zero_variance``). At most ``limit`` bundles
+        and, beyond the first, at most ``max_bytes`` of envelopes.
+
+        Returns:
+            ``(bundles, next_cursor)``: ``next_cursor`` is the last returned sequence if
+            the page is full, else the largest sequence at query time.
+        """
+
+    @abc.abstractmethod
+    def list_bundles(self, node_prefix: str = "", limit: int = 50) -> list[BundleRecord]:
+        """Newest first, optionally only nodes whose id starts with ``node_prefix``."""
+
+    # -- metrics and stats -----------------------------------------------------
+    @abc.abstractmethod
+    def record_metrics(
+        self, node_id: str, step: int, values: dict[str, float], now_ms: int
+    ) -> None:
+        """Append a metrics row and make it the node's latest metrics."""
+
+    @abc.abstractmethod
+    def rejections_by_code(self, node_id: str | None = None) -> dict[int, int]:
+        """Rejecting verdicts per error code (of one node, or all)."""
+
+    @abc.abstractmethod
+    def stats(self, now_ms: int, active_window_ms: int) -> StatsRecord:
+        """Swarm-wide counters; active = seen within ``active_window_ms``."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,301 @@
+"""End to end over real gRPC: ``ftis-coordinator serve`` as a subprocess, two volunteer
+nodes, and ``ftis-admin --json`` as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from coordinator_helpers import FP_A, answer_text, model_card, register_envelope
+
+from ftis.protocol.envelope import open_envelope, seal
+from ftis.protocol.errors import ErrorCode
+from ftis.protocol.identity import NodeIdentity
+from ftis.tasks.source import DEFAULT_TASKS, TaskSource
+from ftis.v1 import bundle_pb2, swarm_pb2, swarm_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+START_TIMEOUT_S = 60
+
+
+def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, dict]:
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ftis.coordinator.cli.main",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--db",
+            str(tmp_path / "coord.db"),
+            "--ready-file",
+            str(ready),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited {proc.returncode}: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("server did not become ready")
+        time.sleep(0.05)
+    return proc, json.loads(ready.read_text())
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    proc.communicate()
+    return proc.returncode
+
+
+def _admin(address: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ftis.coordinator.admin_cli.main", "--admin", address, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def _admin_json(address: str, *args: str) -> dict:
+    result = _admin(address, *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _bundle(lease: swarm_pb2.TaskLease, node: NodeIdentity, answer: str) -> bundle_pb2.Bundle:
+    completions = [
+        bundle_pb2.Completion(
+            token_ids=[5, 6, 7],
+            logprobs=[-0.1, -0.2, -0.3],
+            text=answer_text(correct, answer),
+            claimed_reward=1.0,  # one of them is a false claim
+        )
+        for correct in (True, False)
+    ]
+    return bundle_pb2.Bundle(
+        task_id=lease.task_id,
+        lease_id=lease.lease_id,
+        node_id=node.node_id,
+        model_card=model_card(FP_A),
+        policy_version=1,
+        sampling=bundle_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16),
+        prompt_token_ids=[1, 2, 3],
+        prompt_text=lease.question,
+        completions=completions,
+    )
+
+
+def _answer_of(lease: swarm_pb2.TaskLease) -> str:
+    """Recompute the chain_sum answer from the question text (``... a + b =``)."""
+    tokens = lease.question.rsplit(":", 1)[-1].strip().rstrip("=").split()
+    total = int(tokens[0])
+    for op, number in zip(tokens[1::2], tokens[2::2], strict=True):
+        total = total + int(number) if op == "+" else total - int(number)
+    return str(total)
+
+
+def test_server_end_to_end(tmp_path: Path) -> None:
+    proc, ready = _start(tmp_path)
+    try:
+        assert ready["pid"] == proc.pid
+        channel = grpc.insecure_channel(ready["listen"])
+        stub = swarm_pb2_grpc.SwarmStub(channel)
+        now = int(time.time() * 1000)
+        alice, bob = NodeIdentity.generate(), NodeIdentity.generate()
+        for who in (alice, bob):
+            reply = stub.Register(
+                swarm_pb2.RegisterRequest(envelope=register_envelope(who, model_card(FP_A), now)),
+                timeout=10,
+            )
+            assert reply.error.code == 0, reply.error
+            assert reply.node_id == who.node_id and reply.heartbeat_interval_ms == 30_000
+
+        leased = stub.LeaseTasks(
+            swarm_pb2.LeaseTasksRequest(
+                node_id=alice.node_id, count=2, group_size=2, max_new_tokens=16
+            ),
+            timeout=10,
+        )
+        assert leased.error.code == 0 and len(leased.leases) == 2
+        good_lease, bad_lease = leased.leases
+        assert good_lease.messages[-1].content == good_lease.question
+        assert good_lease.dataset == "chain_sum" and good_lease.deadline_ms > now
+
+        answer = _answer_of(good_lease)
+        good = stub.SubmitBundle(
+            swarm_pb2.SubmitBundleRequest(
+                envelope=seal("bundle", _bundle(good_lease, alice, answer), alice)
+            ),
+            timeout=10,
+        )
+        assert good.error.code == 0, good.error
+        assert list(good.verified_rewards) == [1.0, 0.0] and good.reward_mismatches == 1
+
+        bad_bundle = _bundle(bad_lease, alice, _answer_of(bad_lease))
+        bad_bundle.completions[0].logprobs[0] = 0.5
+        bad = stub.SubmitBundle(
+            swarm_pb2.SubmitBundleRequest(envelope=seal("bundle", bad_bundle, alice)), timeout=10
+        )
+        assert bad.error.code == ErrorCode.LOGPROB_POSITIVE and bad.error.reason
+
+        unknown = stub.Heartbeat(swarm_pb2.HeartbeatRequest(node_id="0" * 32), timeout=10)
+        assert unknown.error.code == ErrorCode.NODE_UNKNOWN
+        beat = stub.Heartbeat(
+            swarm_pb2.HeartbeatRequest(node_id=bob.node_id, policy_version=4), timeout=10
+        )
+        assert beat.error.code == 0 and beat.server_time_ms > 0
+        metrics = stub.ReportMetrics(
+            swarm_pb2.ReportMetricsRequest(
+                node_id=bob.node_id, step=4, values={"reward": 0.5, "loss": float("nan")}
+            ),
+            timeout=10,
+        )
+        assert metrics.error.code == 0
+
+        pulled = stub.PullBundles(
+            swarm_pb2.PullBundlesRequest(node_id=bob.node_id, cursor=0, max_bundles=8),
+            timeout=10,
+        )
+        assert pulled.error.code == 0 and len(pulled.bundles) == 1
+        relayed = pulled.bundles[0]
+        assert relayed.bundle_id == good.bundle_id and pulled.next_cursor == relayed.sequence
+        opened, sender = open_envelope(relayed.envelope, "bundle", bundle_pb2.Bundle, 1 << 22)
+        assert sender == alice.node_id and opened.task_id == good_lease.task_id
+        own = stub.PullBundles(
+            swarm_pb2.PullBundlesRequest(node_id=alice.node_id, max_bundles=8), timeout=10
+        )
+        assert len(own.bundles) == 0
+
+        # --- operator CLI ---
+        admin = ready["admin"]
+        nodes = _admin_json(admin, "nodes", "list")["nodes"]
+        assert len(nodes) == 2
+        by_id = {n["node_id"]: n for n in nodes}
+        assert by_id[alice.node_id]["bundles_accepted"] == 1
+        assert by_id[alice.node_id]["bundles_rejected"] == 1
+        assert by_id[bob.node_id]["policy_version"] == 4
+        assert by_id[bob.node_id]["latest_metrics"]["reward"] == 0.5
+
+        shown = _admin_json(admin, "nodes", "show", alice.node_id[:10])
+        assert shown["node"]["node_id"] == alice.node_id
+        assert shown["rejections_by_code"] == {"LOGPROB_POSITIVE": 1}
+
+        stats = _admin_json(admin, "stats")
+        assert stats["nodes"] == 2 and stats["bundles_accepted"] == 1
+        assert stats["bundles_rejected"] == 1
+        assert stats["rejections_by_code"] == {"LOGPROB_POSITIVE": 1}
+        assert stats["completions"] == 2 and stats["mean_verified_reward"] == 0.5
+        bundles = _admin_json(admin, "bundles", "list", "--limit", "5")["bundles"]
+        assert len(bundles) == 1 and bundles[0]["bundle_id"] == good.bundle_id
+        assert bundles[0]["reward_mismatches"] == 1 and bundles[0]["dataset"] == "chain_sum"
+
+        banned = _admin_json(admin, "ban", alice.node_id, "--reason", "test ban")
+        assert banned["node"]["banned"] is True and banned["node"]["ban_reason"] == "test ban"
+        after_ban = stub.PullBundles(
+            swarm_pb2.PullBundlesRequest(node_id=bob.node_id, max_bundles=8), timeout=10
+        )
+        assert len(after_ban.bundles) == 0
+        refused = stub.LeaseTasks(
+            swarm_pb2.LeaseTasksRequest(
+                node_id=alice.node_id, count=1, group_size=2, max_new_tokens=16
+            ),
+            timeout=10,
+        )
+        assert refused.error.code == ErrorCode.NODE_BANNED
+        stats = _admin_json(admin, "stats")
+        assert stats["banned_nodes"] == 1
+        unbanned = _admin_json(admin, "unban", alice.node_id)
+        assert unbanned["node"]["banned"] is False
+
+        missing = _admin(admin, "nodes", "show", "zzzz")
+        assert missing.returncode == 1 and "NODE_UNKNOWN" in missing.stderr
+        missing_json = _admin(admin, "ban", "zzzz", "--json")
+        assert missing_json.returncode == 1
+        assert json.loads(missing_json.stdout)["error"]["name"] == "NODE_UNKNOWN"
+        table = _admin(admin, "nodes", "list")
+        assert table.returncode == 0 and alice.node_id in table.stdout
+        for command in (["stats"], ["bundles", "list"], ["nodes", "show", bob.node_id]):
+            assert _admin(admin, *command).returncode == 0, command
+
+        # A port that is taken: exit code 3.
+        busy_dir = tmp_path / "busy"
+        busy_dir.mkdir()
+        busy = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ftis.coordinator.cli.main",
+                "serve",
+                "--listen",
+                ready["listen"],
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--db",
+                str(busy_dir / "c.db"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert busy.returncode == 3, busy.stderr
+        channel.close()
+    finally:
+        returncode = _stop(proc)
+    assert returncode == 0
+
+
+def test_admin_cli_unreachable_exits_3() -> None:
+    result = _admin("127.0.0.1:1", "--timeout", "1", "stats", "--json")
+    assert result.returncode == 3
+    assert "cannot reach" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["--listen", "nonsense"], 2),
+        (["--db", "/nonexistent-dir/sub/coord.db"], 4),
+    ],
+)
+def test_serve_exit_codes(tmp_path: Path, args: list[str], code: int) -> None:
+    base = ["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]
+    base += ["--db", str(tmp_path / "c.db")]
+    result = subprocess.run(
+        [sys.executable, "-m", "ftis.coordinator.cli.main", "serve", *base, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == code, result.stderr
+
+
+def test_answer_helper_matches_the_dataset() -> None:
+    source = TaskSource(DEFAULT_TASKS, seed=0)
+    for _ in range(20):
+        entry = source.draw()
+        assert _answer_of(swarm_pb2.TaskLease(question=entry.question)) == entry.answer
