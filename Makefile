@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.ftis-installed
 PIP    := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 
 # demo knobs (override: make demo ROUNDS=20)
-ROUNDS ?= 8
+ROUNDS ?= 10
 DEMO_OUT ?= runs/demo
 
 .PHONY: setup test test-fast demo proto lint clean

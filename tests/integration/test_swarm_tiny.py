@@ -15,7 +15,7 @@ from ftis.client.experiment.report import read_metrics
 
 pytestmark = pytest.mark.integration
 
-ROUNDS, I, J, G = 3, 3, 3, 8
+ROUNDS, LOCAL, EXTERNAL, G = 3, 3, 3, 8
 
 
 def _admin(admin: str, *args: str) -> dict | list:
@@ -30,8 +30,8 @@ def test_two_clients_train_together_and_resume(tmp_path, tiny_model_dir):
     # have reward variance, so relayed groups actually reach the learners.
     config = tmp_path / "coordinator.json"
     config.write_text(json.dumps({"tasks": [{"dataset": "letter_counting"}], "task_seed": 1}))
-    common = ["--model", str(tiny_model_dir), "--rounds", str(ROUNDS), "--local-groups", str(I),
-              "--external-groups", str(J), "--group-size", str(G), "--max-new-tokens", "12",
+    common = ["--model", str(tiny_model_dir), "--rounds", str(ROUNDS), "--local-groups", str(LOCAL),
+              "--external-groups", str(EXTERNAL), "--group-size", str(G), "--max-new-tokens", "12",
               "--method", "ftis"]
     specs = [ClientSpec("full", [*common, "--peft", "none", "--learning-rate", "1e-3",
                                  "--seed", "1"]),
@@ -47,7 +47,7 @@ def test_two_clients_train_together_and_resume(tmp_path, tiny_model_dir):
         for name, recs in runs.items():
             assert [r["round"] for r in recs] == [1, 2, 3], name
             for r in recs:
-                assert r["bundles_submitted"] == I
+                assert r["bundles_submitted"] == LOCAL
                 assert 0.0 <= r["reward_mean"] <= 1.0
                 # claimed rewards use the same scorer as the coordinator: no mismatch
                 assert r["claimed_reward_mean"] == pytest.approx(r["reward_mean"])
@@ -61,12 +61,12 @@ def test_two_clients_train_together_and_resume(tmp_path, tiny_model_dir):
 
         stats = _admin(swarm.admin, "stats")
         assert int(stats["nodes"]) == 2
-        assert int(stats["bundles_accepted"]) == 2 * ROUNDS * I
+        assert int(stats["bundles_accepted"]) == 2 * ROUNDS * LOCAL
         assert int(stats["bundles_rejected"]) == 0
-        assert int(stats["completions"]) == 2 * ROUNDS * I * G
+        assert int(stats["completions"]) == 2 * ROUNDS * LOCAL * G
         bundles = _admin(swarm.admin, "bundles", "list", "--limit", "100")
         bundles = bundles["bundles"] if isinstance(bundles, dict) else bundles
-        assert len(bundles) == 2 * ROUNDS * I
+        assert len(bundles) == 2 * ROUNDS * LOCAL
         assert {b["node_id"] for b in bundles} == node_ids
 
         # restart the full client for one more round: it resumes, keeps its node id

@@ -18,7 +18,7 @@ console = Console(stderr=True)
 
 
 def demo(
-    rounds: Annotated[int, typer.Option(help="rounds per client")] = 8,
+    rounds: Annotated[int, typer.Option(help="rounds per client")] = 10,
     out: Annotated[Path, typer.Option(help="output folder (wiped first)")] = Path("runs/demo"),
     model: Annotated[str, typer.Option()] = "smollm2-135m",
     local_groups: Annotated[int, typer.Option(help="I")] = 2,
@@ -108,7 +108,9 @@ def _admin_stats(admin: str) -> dict:
 
     with grpc.insecure_channel(admin) as ch:
         resp = admin_pb2_grpc.AdminStub(ch).Stats(admin_pb2.StatsRequest(), timeout=30)
-    return MessageToDict(resp, preserving_proto_field_name=True)
+    stats = MessageToDict(resp, preserving_proto_field_name=True)
+    # proto3 JSON writes int64 as strings; the report wants numbers
+    return {k: int(v) if isinstance(v, str) and v.isdigit() else v for k, v in stats.items()}
 
 
 def write_report(out: Path, names: list[str], stats: dict, wall_s: float, flags: str,
@@ -143,6 +145,13 @@ def write_report(out: Path, names: list[str], stats: dict, wall_s: float, flags:
         reward_side_by_side(runs),
         "",
         "![reward curves](rewards.png)",
+        "",
+    ]
+    lines += [
+        "IS weights and the filtered share are over all samples of the step (local ones "
+        "have weights of ~1: they come from the learner's own policy); the `ext.` columns "
+        "cover only the external groups (– when none was used that round). Rounds whose "
+        "groups all had equal rewards make no update.",
         "",
     ]
     for n, recs in runs.items():

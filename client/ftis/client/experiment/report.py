@@ -13,6 +13,9 @@ COLUMNS = [
     ("is_weight_max", "IS weight max", "{:.3f}"),
     ("filtered_frac", "filtered share", "{:.3f}"),
     ("external_groups_used", "external groups", "{:.0f}"),
+    ("external_is_weight_mean", "ext. IS weight mean", "{:.3f}"),
+    ("external_is_weight_max", "ext. IS weight max", "{:.3f}"),
+    ("external_filtered_frac", "ext. filtered share", "{:.3f}"),
     ("round_seconds", "round s", "{:.1f}"),
 ]
 
