@@ -1,8 +1,12 @@
 """Helpers for coordinator tests: fake clock, in-memory coordinator, model cards, and
-valid (or deliberately broken) signed rollout bundles for real ``chain_sum`` leases."""
+valid (or deliberately broken) signed rollout bundles for real ``chain_sum`` leases;
+signed requests (``RequestAuth``) and a small real byte-level BPE tokenizer for the
+text checks."""
 
 from __future__ import annotations
 
+import functools
+import gzip
 import hashlib
 import random
 import time
@@ -13,8 +17,11 @@ from ftis.coordinator.config import CoordinatorConfig
 from ftis.coordinator.service import Coordinator
 from ftis.coordinator.state.base import LeaseRecord
 from ftis.coordinator.state.sql import SqlState, dump_tables
+from ftis.protocol.auth import sign_request
 from ftis.protocol.envelope import seal
+from ftis.protocol.fingerprint import tokenizer_fingerprint
 from ftis.protocol.identity import NodeIdentity
+from ftis.tasks.source import DEFAULT_TASKS, TaskSource
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 VOCAB = 1000
@@ -35,12 +42,31 @@ class FakeClock:
         self.now_ms += int(seconds * 1000)
 
 
+#: Quotas high enough never to interfere with tests that are not about quotas.
+UNLIMITED_QUOTAS: dict[str, Any] = {
+    "bundles_per_minute": 1e9,
+    "bundle_bytes_per_minute": 1 << 50,
+    "pulls_per_minute": 1e9,
+    "tokenizer_uploads_per_minute": 1e9,
+    "registrations_per_minute": 1e9,
+    "registrations_per_host_per_minute": 1e9,
+}
+
+
 def make_config(**overrides: Any) -> CoordinatorConfig:
-    """Config on an in-memory database with ports 0."""
+    """Config on an in-memory database with ports 0.
+
+    Test defaults differ from production in two ways: ``require_tokenizer=False`` (most
+    tests use made-up fingerprints FP_A/FP_B and random token ids, so there is no
+    tokenizer to upload; tests of the text checks pass ``require_tokenizer=True``) and
+    unlimited quotas (:data:`UNLIMITED_QUOTAS`; quota tests set their own).
+    """
     values: dict[str, Any] = {
         "db": "sqlite://",
         "listen": "127.0.0.1:0",
         "admin_listen": "127.0.0.1:0",
+        "require_tokenizer": False,
+        **UNLIMITED_QUOTAS,
     }
     values.update(overrides)
     return CoordinatorConfig(**values)
@@ -91,6 +117,78 @@ def register(
     return identity
 
 
+def signed(request: Any, method: str, identity: NodeIdentity, now_ms: int) -> Any:
+    """``request`` with ``auth`` filled (``ftis.protocol.auth.sign_request``)."""
+    return sign_request(request, method, identity, now_ms=now_ms)
+
+
+class FakeContext:
+    """Minimal ``grpc.ServicerContext`` for calling servicers directly."""
+
+    def __init__(self, peer: str = "ipv4:127.0.0.1:5555") -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+
+# -- a real tokenizer ------------------------------------------------------------------
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def chat_prompt(question: str) -> str:
+    """The prompt text a client would tokenize (a ChatML-like template)."""
+    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@functools.lru_cache(maxsize=4)
+def tokenizer_json(seed_text: str = "", vocab_size: int = 400) -> str:
+    """``tokenizer.json`` of a byte-level BPE trained on chain_sum prompts and answers
+    (fast: ~50 ms). Different ``seed_text`` gives a different fingerprint."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    source = TaskSource(list(DEFAULT_TASKS), seed=0)
+    corpus = [chat_prompt(source.draw().question) for _ in range(40)]
+    corpus += [answer_text(True, str(n)) for n in range(-50, 200)]
+    tok.train_from_iterator([*corpus, seed_text] * 5, trainer=trainer)
+    return tok.to_str()
+
+
+def load_tokenizer(seed_text: str = "") -> Any:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tokenizer_json(seed_text))
+
+
+def tokenizer_fp(seed_text: str = "") -> str:
+    return tokenizer_fingerprint(tokenizer_json(seed_text))
+
+
+def tokenizer_gz(seed_text: str = "") -> bytes:
+    return gzip.compress(tokenizer_json(seed_text).encode())
+
+
+def register_with_tokenizer(
+    coordinator: Coordinator, seed_text: str = "", upload: bool = True
+) -> NodeIdentity:
+    """Register a node whose model card names the real test tokenizer, and upload it."""
+    identity = register(coordinator, tokenizer_fp(seed_text), VOCAB)
+    if upload:
+        coordinator.upload_tokenizer(
+            identity.node_id, tokenizer_fp(seed_text), tokenizer_gz(seed_text)
+        )
+    return identity
+
+
 def answer_text(correct: bool, answer: str) -> str:
     """Completion text whose extracted answer is right (reward 1) or wrong (reward 0)."""
     value = answer if correct else str(int(answer) + 1)
@@ -108,6 +206,7 @@ def build_bundle(
     seed: int = 0,
     vocab_size: int = VOCAB,
     answer: str | None = None,
+    tokenizer: Any = None,
 ) -> bundle_pb2.Bundle:
     """A structurally valid bundle for ``lease`` signed-to-be by ``identity``.
 
@@ -116,6 +215,9 @@ def build_bundle(
             alternate right/wrong, so the group has reward variance).
         claimed: claimed rewards (default: the true ones).
         answer: the task's answer (default: ``lease.entry.answer``).
+        tokenizer: a ``tokenizers.Tokenizer``: token ids are then the encoding of the
+            text (and of :func:`chat_prompt` for the prompt), and the text is exactly
+            ``decode(ids, skip_special_tokens=False)``; ``n_tokens`` is ignored.
     """
     group = lease.group_size
     correct = list(correct) if correct is not None else [i % 2 == 0 for i in range(group)]
@@ -125,15 +227,28 @@ def build_bundle(
     rng = random.Random(seed)
     completions = []
     for i in range(len(correct)):
+        text = answer_text(correct[i], answer)
+        if tokenizer is not None:
+            ids = tokenizer.encode(text).ids
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+        else:
+            ids = [rng.randrange(vocab_size) for _ in range(n_tokens)]
         completions.append(
             bundle_pb2.Completion(
-                token_ids=[rng.randrange(vocab_size) for _ in range(n_tokens)],
-                logprobs=[-rng.uniform(0.01, 5.0) for _ in range(n_tokens)],
-                text=answer_text(correct[i], answer),
+                token_ids=ids,
+                logprobs=[-rng.uniform(0.01, 5.0) for _ in ids],
+                text=text,
                 claimed_reward=claimed[i],
                 finish_reason=bundle_pb2.FINISH_REASON_STOP,
             )
         )
+    if tokenizer is not None:
+        prompt_ids = tokenizer.encode(chat_prompt(lease.entry.question)).ids
+        fingerprint = (
+            fingerprint if fingerprint != FP_A else tokenizer_fingerprint(tokenizer.to_str())
+        )
+    else:
+        prompt_ids = [rng.randrange(vocab_size) for _ in range(5)]
     return bundle_pb2.Bundle(
         task_id=lease.task_id,
         lease_id=lease.lease_id,
@@ -143,7 +258,7 @@ def build_bundle(
         sampling=bundle_pb2.SamplingParams(
             temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=lease.max_new_tokens
         ),
-        prompt_token_ids=[rng.randrange(vocab_size) for _ in range(5)],
+        prompt_token_ids=prompt_ids,
         prompt_text=lease.entry.question,
         completions=completions,
         created_at_ms=1,

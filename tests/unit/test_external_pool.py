@@ -51,3 +51,34 @@ def test_pool_drops_stale_groups():
         pool.add(_relayed(peer, seq, version=version))
     taken = pool.take(5)
     assert sorted(g.policy_version for g in taken) == [5, 6]
+
+
+def test_pool_checks_text_against_tokens_and_counts_per_sender():
+    me, peer = NodeIdentity.generate(), NodeIdentity.generate()
+    pool = ExternalPool(me.node_id, 100, FP, decode=lambda ids: "x y")
+    assert pool.add(_relayed(peer, 1))
+    lying = _relayed(peer, 2)
+    bundle = bundle_pb2.Bundle()
+    bundle.ParseFromString(lying.envelope.payload)
+    bundle.completions[0].text = "7"
+    lying.envelope.CopyFrom(seal("bundle", bundle, peer))
+    assert not pool.add(lying)
+    assert not pool.add(_relayed(peer, 3, token=100))
+    invalid, mismatched = pool.drain_rejections()
+    assert mismatched == {peer.node_id: 1} and invalid == {peer.node_id: 1}
+    assert pool.drain_rejections() == ({}, {})
+
+
+def test_sampling_follows_sender_reputation():
+    me, trusted, doubtful = (NodeIdentity.generate() for _ in range(3))
+    picks = {trusted.node_id: 0, doubtful.node_id: 0}
+    for trial in range(200):
+        pool = ExternalPool(me.node_id, 100, FP, rng=random.Random(trial))
+        a, b = _relayed(trusted, 1), _relayed(doubtful, 2)
+        a.sender_reputation, b.sender_reputation = 0.9, 0.1
+        pool.add(a)
+        pool.add(b)
+        (g,) = pool.take(1)
+        picks[g.sender] += 1
+    # P(trusted first) = 0.9 / (0.9 + 0.1) = 0.9 for weighted sampling without replacement
+    assert 160 <= picks[trusted.node_id] <= 195

@@ -127,7 +127,12 @@ def test_banned_or_unknown_reader_is_refused(coord) -> None:
         assert info.value.code == code
 
 
-def test_relayed_envelope_still_verifies(coord) -> None:
+def test_relayed_envelope_still_verifies() -> None:
+    # Quarantine off: a first bundle with a false claim would otherwise quarantine the
+    # sender (tested in test_reputation.py).
+    coord = make_coordinator(
+        FakeClock(), reputation={"quarantine_threshold": 0.0, "probation_threshold": 0.0}
+    )
     sender, reader = register(coord), register(coord)
     (lease,) = coord.lease_tasks(sender.node_id, 1, 2, 16)
     bundle = build_bundle(lease, sender, claimed=[0.0, 0.0])
@@ -138,3 +143,5 @@ def test_relayed_envelope_still_verifies(coord) -> None:
     assert opened == bundle and node_id == sender.node_id
     assert relayed.verified_rewards == [1.0, 0.0] == record.verified_rewards
     assert relayed.dataset == "chain_sum"
+    # The sender's score after one mismatched claim: E = (0 + 1) / (0 + 2 + 2).
+    assert relayed.sender_reputation == 0.25

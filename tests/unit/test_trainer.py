@@ -40,6 +40,29 @@ def _grads_after_backward(policy, groups, micro_batch_size, method="tis"):
     return metrics, grads
 
 
+def _unpadded_logprobs(model, sample):
+    ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+    logits = model(input_ids=ids).logits[0, len(sample.prompt_ids) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(
+        -1, torch.tensor(sample.completion_ids)[:, None])[:, 0]
+
+
+def test_packing_aligns_completions_and_matches_unpadded_forward(tiny_policy_factory):
+    pol = tiny_policy_factory()
+    samples = groups_to_samples(_groups()[:2], scale_by_std=True)
+    batch = pack(samples, 0)
+    assert batch.targets.shape == batch.completion_mask.shape == (5, 4)
+    assert batch.logits_to_keep == 5
+    assert batch.completion_mask.sum(-1).tolist() == [3, 2, 4, 4, 2]
+    assert batch.targets[1, :2].tolist() == [9, 2] and batch.gen_logprobs[1, 2] == 0.0
+    with torch.no_grad():
+        lp = Learner(pol.model, LearnerConfig(), 0)._forward_logprobs(batch)
+        for i, s in enumerate(samples):
+            n = len(s.completion_ids)
+            torch.testing.assert_close(lp[i, :n], _unpadded_logprobs(pol.model, s),
+                                       atol=1e-5, rtol=0)
+
+
 def test_micro_batching_does_not_change_loss_or_gradient(tiny_policy_factory):
     pol = tiny_policy_factory()
     m1, g1 = _grads_after_backward(pol, _groups(), micro_batch_size=1)
@@ -67,12 +90,12 @@ def test_gradient_equals_weighted_log_likelihood_gradient(tiny_policy_factory):
 
     model = copy.deepcopy(pol.model)
     samples = groups_to_samples(groups, scale_by_std=True)
-    batch = pack(samples, 0)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-    lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.targets[..., None])[..., 0]
-    w = torch.exp(lp.detach() - batch.gen_logprobs).clamp(max=2.0)  # TIS, C = 2
-    mask = batch.completion_mask.float()
-    objective = -(w * batch.advantages[:, None] * lp * mask).sum() / mask.sum()
+    # closed form, one unpadded sequence at a time (no batching, no padding, no masks)
+    objective, n_tokens = 0.0, sum(len(s.completion_ids) for s in samples)
+    for s in samples:
+        lp = _unpadded_logprobs(model, s)
+        w = torch.exp(lp.detach() - torch.tensor(s.gen_logprobs)).clamp(max=2.0)  # TIS, C = 2
+        objective = objective - (w * s.advantage * lp).sum() / n_tokens
     objective.backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, atol=1e-6, rtol=1e-4)
@@ -93,3 +116,22 @@ def test_step_updates_weights_and_reports(tiny_policy_factory):
     assert changed
     frozen = [p for n, p in pol.model.named_parameters() if "lora_" not in n]
     assert all(not p.requires_grad for p in frozen)
+
+
+def test_sender_statistics_for_receiver_feedback(tiny_policy_factory):
+    pol = tiny_policy_factory()
+    groups = _groups()
+    groups[1].sender = "peer"
+    learner = Learner(copy.deepcopy(pol.model), LearnerConfig(learning_rate=0.0), 0)
+    learner.step(groups)
+    (st,) = learner.sender_stats.values()
+    assert list(learner.sender_stats) == ["peer"]
+    assert st.completions == 2 and st.tokens == 6
+    # recompute lp_learner - lp_gen for the external group by hand
+    samples = [s for s in groups_to_samples(groups, True) if not s.local]
+    with torch.no_grad():
+        expected = sum((_unpadded_logprobs(learner.model, s) - torch.tensor(s.gen_logprobs)).sum()
+                       for s in samples) / 6
+    assert st.mean_log_ratio == pytest.approx(float(expected), abs=1e-4)
+    # generator log-probs of -5 per token vs a ~uniform tiny model (-log 300 = -5.7): no cap
+    assert st.truncated_tokens == 0 and st.filtered == 0

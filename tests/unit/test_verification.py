@@ -18,6 +18,7 @@ from coordinator_helpers import (
     register,
     register_envelope,
     seal_bundle,
+    signed,
     snapshot,
 )
 
@@ -306,11 +307,14 @@ def test_unexpected_exception_becomes_internal_and_server_goes_on(world, caplog)
         raise RuntimeError("disk on fire")
 
     coord.heartbeat = boom
-    reply = service.Heartbeat(swarm_pb2.HeartbeatRequest(node_id=node.node_id), None)
+    request = signed(
+        swarm_pb2.HeartbeatRequest(node_id=node.node_id), "Heartbeat", node, coord.clock()
+    )
+    reply = service.Heartbeat(request, None)
     assert reply.error.code == ErrorCode.INTERNAL and "disk" not in reply.error.reason
     assert "disk on fire" in caplog.text
-    reply = service.LeaseTasks(
-        swarm_pb2.LeaseTasksRequest(node_id=node.node_id, count=1, group_size=2, max_new_tokens=8),
-        None,
+    lease_request = swarm_pb2.LeaseTasksRequest(
+        node_id=node.node_id, count=1, group_size=2, max_new_tokens=8
     )
+    reply = service.LeaseTasks(signed(lease_request, "LeaseTasks", node, coord.clock()), None)
     assert reply.error.code == 0 and len(reply.leases) == 1

@@ -16,8 +16,13 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from ftis.coordinator.reputation import ReputationConfig
 from ftis.protocol.bundles import MAX_BUNDLE_BYTES
 from ftis.tasks.source import DEFAULT_TASKS, TaskSpec
+
+MIB = 1024 * 1024
+#: Bytes a SubmitBundle/UploadTokenizer request may carry beyond its payload limit.
+REQUEST_OVERHEAD_BYTES = 64 * 1024
 
 # Values read from a --config file; seen by the settings source below while a
 # CoordinatorConfig is being built by :func:`load_config`.
@@ -72,6 +77,25 @@ class CoordinatorConfig(BaseSettings):
         max_bundle_bytes: largest accepted envelope payload, bytes.
         register_clock_skew_s: allowed ``|server time - registration timestamp|``, seconds.
         heartbeat_interval_s: heartbeat period suggested to clients, seconds.
+        require_tokenizer: refuse LeaseTasks (and SubmitBundle) with TOKENIZER_REQUIRED
+            while the node's tokenizer fingerprint has no uploaded tokenizer; with it,
+            every completion's text is checked against the decoded tokens.
+        max_tokenizer_gz_bytes: largest gzip'd ``tokenizer.json`` UploadTokenizer accepts.
+        max_tokenizer_json_bytes: largest decompressed ``tokenizer.json`` (zip-bomb bound).
+        tokenizer_cache_size: loaded tokenizers kept in memory (LRU).
+        bundles_per_minute, bundle_bytes_per_minute: SubmitBundle quota per node.
+        pulls_per_minute: PullBundles quota per node.
+        tokenizer_uploads_per_minute: UploadTokenizer quota per node.
+        registrations_per_minute: new node ids accepted per minute, all peers together.
+        registrations_per_host_per_minute: new node ids per minute from one peer host.
+        max_request_bytes: serialized size above which Register, Heartbeat, LeaseTasks,
+            PullBundles and ReportMetrics requests are refused before decoding
+            (REQUEST_TOO_LARGE). SubmitBundle allows ``max_bundle_bytes`` + 64 KiB and
+            UploadTokenizer ``max_tokenizer_gz_bytes`` + 64 KiB.
+        max_receive_message_bytes: gRPC transport limit (RESOURCE_EXHAUSTED status
+            above it); 0 = the largest per-method limit (see :attr:`grpc_max_receive_bytes`).
+        reputation: the reputation policy (:class:`ReputationConfig`); once changed
+            through the admin API the stored value in the ``settings`` table wins.
     """
 
     model_config = SettingsConfigDict(env_prefix="FTIS_COORDINATOR_", extra="forbid")
@@ -89,6 +113,19 @@ class CoordinatorConfig(BaseSettings):
     max_bundle_bytes: int = Field(default=MAX_BUNDLE_BYTES, ge=1024)
     register_clock_skew_s: float = Field(default=300, ge=0)
     heartbeat_interval_s: float = Field(default=30, gt=0)
+    require_tokenizer: bool = True
+    max_tokenizer_gz_bytes: int = Field(default=32 * MIB, ge=1024)
+    max_tokenizer_json_bytes: int = Field(default=64 * MIB, ge=1024)
+    tokenizer_cache_size: int = Field(default=8, ge=1)
+    bundles_per_minute: float = Field(default=120, gt=0)
+    bundle_bytes_per_minute: int = Field(default=64 * MIB, ge=1024)
+    pulls_per_minute: float = Field(default=600, gt=0)
+    tokenizer_uploads_per_minute: float = Field(default=4, gt=0)
+    registrations_per_minute: float = Field(default=30, gt=0)
+    registrations_per_host_per_minute: float = Field(default=10, gt=0)
+    max_request_bytes: int = Field(default=1 * MIB, ge=1024)
+    max_receive_message_bytes: int = Field(default=0, ge=0)
+    reputation: ReputationConfig = Field(default_factory=ReputationConfig)
 
     @field_validator("listen", "admin_listen")
     @classmethod
@@ -114,6 +151,27 @@ class CoordinatorConfig(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _FileSource(settings_cls))
+
+    @property
+    def method_request_limits(self) -> dict[str, int]:
+        """Largest serialized request per Swarm method, checked before decoding."""
+        small = self.max_request_bytes
+        return {
+            "Register": small,
+            "Heartbeat": small,
+            "LeaseTasks": small,
+            "PullBundles": small,
+            "ReportMetrics": small,
+            "SubmitBundle": self.max_bundle_bytes + REQUEST_OVERHEAD_BYTES,
+            "UploadTokenizer": self.max_tokenizer_gz_bytes + REQUEST_OVERHEAD_BYTES,
+        }
+
+    @property
+    def grpc_max_receive_bytes(self) -> int:
+        """gRPC ``max_receive_message_length`` of the Swarm listener."""
+        if self.max_receive_message_bytes:
+            return self.max_receive_message_bytes
+        return max(self.method_request_limits.values())
 
     @property
     def db_url(self) -> str:

@@ -9,6 +9,7 @@ Bundle checks run in exactly this order, cheapest first; the first failure raise
    ...................................... PAYLOAD_TYPE_INVALID, ENVELOPE_MALFORMED,
    SIGNATURE_INVALID, PAYLOAD_MALFORMED
 3. sender registered / not banned ...... NODE_UNKNOWN / NODE_BANNED
+   then the sender's quotas (bundles and bytes per minute, ``admit``) .. RATE_LIMITED
 4. ``bundle.node_id`` == key's node id . NODE_MISMATCH
 5. model card fingerprint == registered  MODEL_CARD_MISMATCH
 6. lease: task known, lease owned by sender, lease id matches, not expired, not yet
@@ -16,6 +17,11 @@ Bundle checks run in exactly this order, cheapest first; the first failure raise
    LEASE_EXPIRED, BUNDLE_REPLAYED
 7. structure (``check_structure`` with the lease's G and max_new_tokens and the
    registered vocab size) .............. 13x codes
+7b. text, where the coordinator knows the sender's tokenizer: every completion's
+   ``text == decode(token_ids, skip_special_tokens=False)`` .... TEXT_MISMATCH; the
+   decoded ``prompt_token_ids`` contain the leased question verbatim .. PROMPT_MISMATCH.
+   Without an uploaded tokenizer: TOKENIZER_REQUIRED when ``require_tokenizer``, else
+   the bundle is stored with ``text_verified = False``.
 8. re-score every completion with the shared scorer; claimed rewards that differ by
    more than :data:`REWARD_TOLERANCE` are *counted*, not rejected.
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ftis.coordinator.state.base import (
@@ -36,6 +43,7 @@ from ftis.coordinator.state.base import (
     NodeRecord,
     State,
 )
+from ftis.coordinator.tokenizer_store import TokenizerCache, decode
 from ftis.protocol.bundles import BundleLimits, check_structure, completion_tokens
 from ftis.protocol.envelope import open_envelope, parse_envelope_bytes
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -63,6 +71,8 @@ class SubmissionAudit:
 
     node_id: str | None = None
     bundle_id: str | None = None
+    #: The envelope as received (set once the signature verified; kept as proof).
+    envelope_bytes: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,7 @@ class VerifiedBundle:
     envelope_bytes: bytes
     verified_rewards: list[float]
     reward_mismatches: int
+    text_verified: bool = False
 
     def to_new_bundle(self) -> NewBundle:
         """The row to store for this bundle."""
@@ -100,6 +111,7 @@ class VerifiedBundle:
             size_bytes=len(self.envelope_bytes),
             reward_mismatches=self.reward_mismatches,
             policy_version=self.bundle.policy_version,
+            text_verified=self.text_verified,
         )
 
 
@@ -149,6 +161,37 @@ def check_lease(
     return lease
 
 
+def check_text(tokenizer: object, bundle: bundle_pb2.Bundle, question: str) -> None:
+    """Completion text must be the decoding of its tokens, and the decoded prompt must
+    contain the leased question verbatim (decoding: ``tokenizers`` backend,
+    ``skip_special_tokens=False``).
+
+    Raises:
+        FtisError: TEXT_MISMATCH (also when decoding fails) or PROMPT_MISMATCH.
+    """
+    for i, c in enumerate(bundle.completions):
+        try:
+            decoded = decode(tokenizer, c.token_ids)  # type: ignore[arg-type]
+        except Exception as exc:  # the Rust binding raises plain Exception subclasses
+            raise FtisError(
+                ErrorCode.TEXT_MISMATCH, f"completion {i}: tokens do not decode: {exc}"
+            ) from None
+        if decoded != c.text:
+            raise FtisError(
+                ErrorCode.TEXT_MISMATCH,
+                f"completion {i}: text differs from the decoded tokens "
+                f"({len(c.text)} vs {len(decoded)} characters)",
+            )
+    try:
+        prompt = decode(tokenizer, bundle.prompt_token_ids)  # type: ignore[arg-type]
+    except Exception as exc:
+        raise FtisError(ErrorCode.PROMPT_MISMATCH, f"prompt tokens do not decode: {exc}") from None
+    if question not in prompt:
+        raise FtisError(
+            ErrorCode.PROMPT_MISMATCH, "decoded prompt does not contain the leased question"
+        )
+
+
 def rescore(lease: LeaseRecord, bundle: bundle_pb2.Bundle) -> tuple[list[float], int]:
     """Re-score every completion with the shared scorer.
 
@@ -173,8 +216,12 @@ def verify_bundle(
     max_bundle_bytes: int,
     now_ms: int,
     audit: SubmissionAudit | None = None,
+    tokenizers: TokenizerCache | None = None,
+    require_tokenizer: bool = False,
+    admit: Callable[[str, int], None] | None = None,
 ) -> VerifiedBundle:
-    """Run every check of the module docstring on a submitted envelope; writes nothing.
+    """Run every check of the module docstring on a submitted envelope; writes nothing
+    (``admit`` may consume quota).
 
     Args:
         envelope: the ``SignedEnvelope`` (or its serialized bytes as received).
@@ -182,6 +229,9 @@ def verify_bundle(
             :data:`ENVELOPE_OVERHEAD_BYTES` larger.
         now_ms: current unix time in milliseconds.
         audit: filled with the sender and bundle id as they become known.
+        tokenizers: uploaded tokenizers (text checks); ``None`` skips them.
+        require_tokenizer: TOKENIZER_REQUIRED when the sender's tokenizer is unknown.
+        admit: ``admit(node_id, envelope_bytes)`` raises RATE_LIMITED over quota.
 
     Raises:
         FtisError: the first failing check's code (see module docstring).
@@ -203,8 +253,11 @@ def verify_bundle(
     audit.node_id = sender_id
     bundle_id = hashlib.sha256(message.payload).hexdigest()
     audit.bundle_id = bundle_id
+    audit.envelope_bytes = raw
 
     node = check_node(state, sender_id)
+    if admit is not None:
+        admit(sender_id, len(raw))
     if bundle.node_id != sender_id:
         raise FtisError(
             ErrorCode.NODE_MISMATCH,
@@ -224,6 +277,14 @@ def verify_bundle(
             vocab_size=node.vocab_size,
         ),
     )
+    tokenizer = tokenizers.get(node.fingerprint) if tokenizers is not None else None
+    if tokenizer is not None:
+        check_text(tokenizer, bundle, lease.entry.question)
+    elif require_tokenizer:
+        raise FtisError(
+            ErrorCode.TOKENIZER_REQUIRED,
+            "no tokenizer uploaded for this fingerprint; call UploadTokenizer",
+        )
     rewards, mismatches = rescore(lease, bundle)
     return VerifiedBundle(
         bundle=bundle,
@@ -233,6 +294,7 @@ def verify_bundle(
         envelope_bytes=raw,
         verified_rewards=rewards,
         reward_mismatches=mismatches,
+        text_verified=tokenizer is not None,
     )
 
 
@@ -242,19 +304,31 @@ def accept_bundle(
     *,
     max_bundle_bytes: int,
     now_ms: int,
+    audit: SubmissionAudit | None = None,
+    tokenizers: TokenizerCache | None = None,
+    require_tokenizer: bool = False,
+    admit: Callable[[str, int], None] | None = None,
 ) -> BundleRecord:
     """Verify, then durably store a bundle; returns only after the commit.
 
-    A rejection writes one verdict row (and nothing else) before re-raising.
+    A rejection writes one verdict row (and nothing else) before re-raising; the
+    coordinator adds reputation evidence on top (:meth:`Coordinator.submit_bundle`).
 
     Raises:
         FtisError: as :func:`verify_bundle`, or BUNDLE_REPLAYED if a concurrent
             submission answered the lease first.
     """
-    audit = SubmissionAudit()
+    audit = audit if audit is not None else SubmissionAudit()
     try:
         verified = verify_bundle(
-            state, envelope, max_bundle_bytes=max_bundle_bytes, now_ms=now_ms, audit=audit
+            state,
+            envelope,
+            max_bundle_bytes=max_bundle_bytes,
+            now_ms=now_ms,
+            audit=audit,
+            tokenizers=tokenizers,
+            require_tokenizer=require_tokenizer,
+            admit=admit,
         )
         return state.store_bundle(verified.to_new_bundle(), now_ms)
     except FtisError as err:

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "display_name", "model_card", "registered_at_ms", "last_seen_ms", "banned", "ban_reason", "policy_version", "bundles_accepted", "bundles_rejected", "reward_mismatches", "latest_metrics", "latest_metrics_step")
+    __slots__ = ("node_id", "display_name", "model_card", "registered_at_ms", "last_seen_ms", "banned", "ban_reason", "policy_version", "bundles_accepted", "bundles_rejected", "reward_mismatches", "latest_metrics", "latest_metrics_step", "reputation", "evidence_good", "evidence_bad", "quarantined", "probation")
     class LatestMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,11 @@ class NodeInfo(_message.Message):
     REWARD_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     LATEST_METRICS_FIELD_NUMBER: _ClassVar[int]
     LATEST_METRICS_STEP_FIELD_NUMBER: _ClassVar[int]
+    REPUTATION_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_GOOD_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_BAD_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    PROBATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     display_name: str
     model_card: _bundle_pb2.ModelCard
@@ -43,7 +48,46 @@ class NodeInfo(_message.Message):
     reward_mismatches: int
     latest_metrics: _containers.ScalarMap[str, float]
     latest_metrics_step: int
-    def __init__(self, node_id: _Optional[str] = ..., display_name: _Optional[str] = ..., model_card: _Optional[_Union[_bundle_pb2.ModelCard, _Mapping]] = ..., registered_at_ms: _Optional[int] = ..., last_seen_ms: _Optional[int] = ..., banned: _Optional[bool] = ..., ban_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., bundles_accepted: _Optional[int] = ..., bundles_rejected: _Optional[int] = ..., reward_mismatches: _Optional[int] = ..., latest_metrics: _Optional[_Mapping[str, float]] = ..., latest_metrics_step: _Optional[int] = ...) -> None: ...
+    reputation: float
+    evidence_good: float
+    evidence_bad: float
+    quarantined: bool
+    probation: bool
+    def __init__(self, node_id: _Optional[str] = ..., display_name: _Optional[str] = ..., model_card: _Optional[_Union[_bundle_pb2.ModelCard, _Mapping]] = ..., registered_at_ms: _Optional[int] = ..., last_seen_ms: _Optional[int] = ..., banned: _Optional[bool] = ..., ban_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., bundles_accepted: _Optional[int] = ..., bundles_rejected: _Optional[int] = ..., reward_mismatches: _Optional[int] = ..., latest_metrics: _Optional[_Mapping[str, float]] = ..., latest_metrics_step: _Optional[int] = ..., reputation: _Optional[float] = ..., evidence_good: _Optional[float] = ..., evidence_bad: _Optional[float] = ..., quarantined: _Optional[bool] = ..., probation: _Optional[bool] = ...) -> None: ...
+
+class Evidence(_message.Message):
+    __slots__ = ("at_ms", "kind", "weight", "detail", "reporter_node_id", "bundle_id")
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    REPORTER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_ID_FIELD_NUMBER: _ClassVar[int]
+    at_ms: int
+    kind: str
+    weight: float
+    detail: str
+    reporter_node_id: str
+    bundle_id: str
+    def __init__(self, at_ms: _Optional[int] = ..., kind: _Optional[str] = ..., weight: _Optional[float] = ..., detail: _Optional[str] = ..., reporter_node_id: _Optional[str] = ..., bundle_id: _Optional[str] = ...) -> None: ...
+
+class ReputationConfig(_message.Message):
+    __slots__ = ("quarantine_threshold", "half_life_s", "probation_bundles", "probation_threshold", "feedback_weight", "log_ratio_tolerance", "auto_ban_on_proof")
+    QUARANTINE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    HALF_LIFE_S_FIELD_NUMBER: _ClassVar[int]
+    PROBATION_BUNDLES_FIELD_NUMBER: _ClassVar[int]
+    PROBATION_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    LOG_RATIO_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    AUTO_BAN_ON_PROOF_FIELD_NUMBER: _ClassVar[int]
+    quarantine_threshold: float
+    half_life_s: float
+    probation_bundles: int
+    probation_threshold: float
+    feedback_weight: float
+    log_ratio_tolerance: float
+    auto_ban_on_proof: bool
+    def __init__(self, quarantine_threshold: _Optional[float] = ..., half_life_s: _Optional[float] = ..., probation_bundles: _Optional[int] = ..., probation_threshold: _Optional[float] = ..., feedback_weight: _Optional[float] = ..., log_ratio_tolerance: _Optional[float] = ..., auto_ban_on_proof: _Optional[bool] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()
@@ -62,7 +106,7 @@ class GetNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class GetNodeResponse(_message.Message):
-    __slots__ = ("error", "node", "rejections_by_code")
+    __slots__ = ("error", "node", "rejections_by_code", "evidence")
     class RejectionsByCodeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,17 +117,19 @@ class GetNodeResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     REJECTIONS_BY_CODE_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     node: NodeInfo
     rejections_by_code: _containers.ScalarMap[str, int]
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node: _Optional[_Union[NodeInfo, _Mapping]] = ..., rejections_by_code: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    evidence: _containers.RepeatedCompositeFieldContainer[Evidence]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node: _Optional[_Union[NodeInfo, _Mapping]] = ..., rejections_by_code: _Optional[_Mapping[str, int]] = ..., evidence: _Optional[_Iterable[_Union[Evidence, _Mapping]]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("nodes", "active_nodes", "banned_nodes", "leases_outstanding", "bundles_accepted", "bundles_rejected", "completions", "completion_tokens", "mean_verified_reward", "rejections_by_code", "bundle_bytes")
+    __slots__ = ("nodes", "active_nodes", "banned_nodes", "leases_outstanding", "bundles_accepted", "bundles_rejected", "completions", "completion_tokens", "mean_verified_reward", "rejections_by_code", "bundle_bytes", "quarantined_nodes")
     class RejectionsByCodeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +148,7 @@ class StatsResponse(_message.Message):
     MEAN_VERIFIED_REWARD_FIELD_NUMBER: _ClassVar[int]
     REJECTIONS_BY_CODE_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_NODES_FIELD_NUMBER: _ClassVar[int]
     nodes: int
     active_nodes: int
     banned_nodes: int
@@ -113,7 +160,8 @@ class StatsResponse(_message.Message):
     mean_verified_reward: float
     rejections_by_code: _containers.ScalarMap[str, int]
     bundle_bytes: int
-    def __init__(self, nodes: _Optional[int] = ..., active_nodes: _Optional[int] = ..., banned_nodes: _Optional[int] = ..., leases_outstanding: _Optional[int] = ..., bundles_accepted: _Optional[int] = ..., bundles_rejected: _Optional[int] = ..., completions: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., mean_verified_reward: _Optional[float] = ..., rejections_by_code: _Optional[_Mapping[str, int]] = ..., bundle_bytes: _Optional[int] = ...) -> None: ...
+    quarantined_nodes: int
+    def __init__(self, nodes: _Optional[int] = ..., active_nodes: _Optional[int] = ..., banned_nodes: _Optional[int] = ..., leases_outstanding: _Optional[int] = ..., bundles_accepted: _Optional[int] = ..., bundles_rejected: _Optional[int] = ..., completions: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., mean_verified_reward: _Optional[float] = ..., rejections_by_code: _Optional[_Mapping[str, int]] = ..., bundle_bytes: _Optional[int] = ..., quarantined_nodes: _Optional[int] = ...) -> None: ...
 
 class BundleInfo(_message.Message):
     __slots__ = ("sequence", "bundle_id", "node_id", "task_id", "dataset", "completions", "completion_tokens", "mean_verified_reward", "policy_version", "stored_at_ms", "size_bytes", "reward_mismatches")
@@ -186,3 +234,27 @@ class UnbanNodeResponse(_message.Message):
     error: _common_pb2.Error
     node: NodeInfo
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
+
+class GetReputationConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetReputationConfigResponse(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: ReputationConfig
+    def __init__(self, config: _Optional[_Union[ReputationConfig, _Mapping]] = ...) -> None: ...
+
+class SetReputationConfigRequest(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: ReputationConfig
+    def __init__(self, config: _Optional[_Union[ReputationConfig, _Mapping]] = ...) -> None: ...
+
+class SetReputationConfigResponse(_message.Message):
+    __slots__ = ("error", "config")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    config: ReputationConfig
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., config: _Optional[_Union[ReputationConfig, _Mapping]] = ...) -> None: ...

@@ -64,6 +64,16 @@ class AdminStub:
                 request_serializer=ftis_dot_v1_dot_admin__pb2.UnbanNodeRequest.SerializeToString,
                 response_deserializer=ftis_dot_v1_dot_admin__pb2.UnbanNodeResponse.FromString,
                 _registered_method=True)
+        self.GetReputationConfig = channel.unary_unary(
+                '/ftis.v1.Admin/GetReputationConfig',
+                request_serializer=ftis_dot_v1_dot_admin__pb2.GetReputationConfigRequest.SerializeToString,
+                response_deserializer=ftis_dot_v1_dot_admin__pb2.GetReputationConfigResponse.FromString,
+                _registered_method=True)
+        self.SetReputationConfig = channel.unary_unary(
+                '/ftis.v1.Admin/SetReputationConfig',
+                request_serializer=ftis_dot_v1_dot_admin__pb2.SetReputationConfigRequest.SerializeToString,
+                response_deserializer=ftis_dot_v1_dot_admin__pb2.SetReputationConfigResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -105,6 +115,18 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReputationConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetReputationConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +159,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.UnbanNode,
                     request_deserializer=ftis_dot_v1_dot_admin__pb2.UnbanNodeRequest.FromString,
                     response_serializer=ftis_dot_v1_dot_admin__pb2.UnbanNodeResponse.SerializeToString,
+            ),
+            'GetReputationConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReputationConfig,
+                    request_deserializer=ftis_dot_v1_dot_admin__pb2.GetReputationConfigRequest.FromString,
+                    response_serializer=ftis_dot_v1_dot_admin__pb2.GetReputationConfigResponse.SerializeToString,
+            ),
+            'SetReputationConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetReputationConfig,
+                    request_deserializer=ftis_dot_v1_dot_admin__pb2.SetReputationConfigRequest.FromString,
+                    response_serializer=ftis_dot_v1_dot_admin__pb2.SetReputationConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +333,60 @@ class Admin:
             '/ftis.v1.Admin/UnbanNode',
             ftis_dot_v1_dot_admin__pb2.UnbanNodeRequest.SerializeToString,
             ftis_dot_v1_dot_admin__pb2.UnbanNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReputationConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftis.v1.Admin/GetReputationConfig',
+            ftis_dot_v1_dot_admin__pb2.GetReputationConfigRequest.SerializeToString,
+            ftis_dot_v1_dot_admin__pb2.GetReputationConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetReputationConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftis.v1.Admin/SetReputationConfig',
+            ftis_dot_v1_dot_admin__pb2.SetReputationConfigRequest.SerializeToString,
+            ftis_dot_v1_dot_admin__pb2.SetReputationConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

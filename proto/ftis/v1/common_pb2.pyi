@@ -36,6 +36,16 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROMPT_MISSING: _ClassVar[ErrorCode]
     REGISTRATION_INVALID: _ClassVar[ErrorCode]
     REQUEST_INVALID: _ClassVar[ErrorCode]
+    AUTH_INVALID: _ClassVar[ErrorCode]
+    AUTH_EXPIRED: _ClassVar[ErrorCode]
+    TEXT_MISMATCH: _ClassVar[ErrorCode]
+    PROMPT_MISMATCH: _ClassVar[ErrorCode]
+    TOKENIZER_REQUIRED: _ClassVar[ErrorCode]
+    TOKENIZER_INVALID: _ClassVar[ErrorCode]
+    FEEDBACK_INVALID: _ClassVar[ErrorCode]
+    RATE_LIMITED: _ClassVar[ErrorCode]
+    REGISTRATION_THROTTLED: _ClassVar[ErrorCode]
+    REQUEST_TOO_LARGE: _ClassVar[ErrorCode]
     INTERNAL: _ClassVar[ErrorCode]
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ENVELOPE_TOO_LARGE: ErrorCode
@@ -66,6 +76,16 @@ SAMPLING_INVALID: ErrorCode
 PROMPT_MISSING: ErrorCode
 REGISTRATION_INVALID: ErrorCode
 REQUEST_INVALID: ErrorCode
+AUTH_INVALID: ErrorCode
+AUTH_EXPIRED: ErrorCode
+TEXT_MISMATCH: ErrorCode
+PROMPT_MISMATCH: ErrorCode
+TOKENIZER_REQUIRED: ErrorCode
+TOKENIZER_INVALID: ErrorCode
+FEEDBACK_INVALID: ErrorCode
+RATE_LIMITED: ErrorCode
+REGISTRATION_THROTTLED: ErrorCode
+REQUEST_TOO_LARGE: ErrorCode
 INTERNAL: ErrorCode
 
 class Error(_message.Message):
@@ -75,6 +95,14 @@ class Error(_message.Message):
     code: ErrorCode
     reason: str
     def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RequestAuth(_message.Message):
+    __slots__ = ("timestamp_ms", "signature")
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    timestamp_ms: int
+    signature: bytes
+    def __init__(self, timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

@@ -26,7 +26,7 @@ from ftis.v1 import bundle_pb2 as ftis_dot_v1_dot_bundle__pb2
 from ftis.v1 import common_pb2 as ftis_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66tis/v1/swarm.proto\x12\x07\x66tis.v1\x1a\x14\x66tis/v1/bundle.proto\x1a\x14\x66tis/v1/common.proto\"}\n\x0fRegisterPayload\x12&\n\nmodel_card\x18\x01 \x01(\x0b\x32\x12.ftis.v1.ModelCard\x12\x16\n\x0e\x63lient_version\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\x14\n\x0c\x64isplay_name\x18\x04 \x01(\t\"<\n\x0fRegisterRequest\x12)\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x17.ftis.v1.SignedEnvelope\"y\n\x10RegisterResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x03 \x01(\x03\x12\x16\n\x0eserver_time_ms\x18\x04 \x01(\x03\";\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"J\n\x11HeartbeatResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\x12\x16\n\x0eserver_time_ms\x18\x02 \x01(\x03\"_\n\x11LeaseTasksRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x12\n\ngroup_size\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\"\xce\x01\n\tTaskLease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12&\n\x08messages\x18\x04 \x03(\x0b\x32\x14.ftis.v1.ChatMessage\x12\x10\n\x08question\x18\x05 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x06 \x01(\x03\x12\x12\n\ngroup_size\x18\x07 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x08 \x01(\x05\x12\x12\n\nentry_json\x18\t \x01(\t\"W\n\x12LeaseTasksResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\x12\"\n\x06leases\x18\x02 \x03(\x0b\x32\x12.ftis.v1.TaskLease\"@\n\x13SubmitBundleRequest\x12)\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x17.ftis.v1.SignedEnvelope\"}\n\x14SubmitBundleResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\x12\x11\n\tbundle_id\x18\x02 \x01(\t\x12\x18\n\x10verified_rewards\x18\x03 \x03(\x02\x12\x19\n\x11reward_mismatches\x18\x04 \x01(\x05\"\x85\x01\n\x12PullBundlesRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\x03\x12\x13\n\x0bmax_bundles\x18\x03 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x04 \x01(\t\x12\x1a\n\x12skip_zero_variance\x18\x05 \x01(\x08\"\x8f\x01\n\rRelayedBundle\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x11\n\tbundle_id\x18\x02 \x01(\t\x12)\n\x08\x65nvelope\x18\x03 \x01(\x0b\x32\x17.ftis.v1.SignedEnvelope\x12\x18\n\x10verified_rewards\x18\x04 \x03(\x02\x12\x14\n\x0cstored_at_ms\x18\x05 \x01(\x03\"r\n\x13PullBundlesResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\x12\'\n\x07\x62undles\x18\x02 \x03(\x0b\x32\x16.ftis.v1.RelayedBundle\x12\x13\n\x0bnext_cursor\x18\x03 \x01(\x03\"\x9f\x01\n\x14ReportMetricsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x39\n\x06values\x18\x03 \x03(\x0b\x32).ftis.v1.ReportMetricsRequest.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"6\n\x15ReportMetricsResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error2\xba\x03\n\x05Swarm\x12?\n\x08Register\x12\x18.ftis.v1.RegisterRequest\x1a\x19.ftis.v1.RegisterResponse\x12\x42\n\tHeartbeat\x12\x19.ftis.v1.HeartbeatRequest\x1a\x1a.ftis.v1.HeartbeatResponse\x12\x45\n\nLeaseTasks\x12\x1a.ftis.v1.LeaseTasksRequest\x1a\x1b.ftis.v1.LeaseTasksResponse\x12K\n\x0cSubmitBundle\x12\x1c.ftis.v1.SubmitBundleRequest\x1a\x1d.ftis.v1.SubmitBundleResponse\x12H\n\x0bPullBundles\x12\x1b.ftis.v1.PullBundlesRequest\x1a\x1c.ftis.v1.PullBundlesResponse\x12N\n\rReportMetrics\x12\x1d.ftis.v1.ReportMetricsRequest\x1a\x1e.ftis.v1.ReportMetricsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66tis/v1/swarm.proto\x12\x07\x66tis.v1\x1a\x14\x66tis/v1/bundle.proto\x1a\x14\x66tis/v1/common.proto\"}\n\x0fRegisterPayload\x12&\n\nmodel_card\x18\x01 \x01(\x0b\x32\x12.ftis.v1.ModelCard\x12\x16\n\x0e\x63lient_version\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\x14\n\x0c\x64isplay_name\x18\x04 \x01(\t\"<\n\x0fRegisterRequest\x12)\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x17.ftis.v1.SignedEnvelope\"\x92\x01\n\x10RegisterResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x03 \x01(\x03\x12\x16\n\x0eserver_time_ms\x18\x04 \x01(\x03\x12\x17\n\x0ftokenizer_known\x18\x05 \x01(\x08\"_\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\"\n\x04\x61uth\x18\x0f \x01(\x0b\x32\x14.ftis.v1.RequestAuth\"s\n\x11HeartbeatResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\x12\x16\n\x0eserver_time_ms\x18\x02 \x01(\x03\x12\x12\n\nreputation\x18\x03 \x01(\x01\x12\x13\n\x0bquarantined\x18\x04 \x01(\x08\"\x83\x01\n\x11LeaseTasksRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x12\n\ngroup_size\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\"\n\x04\x61uth\x18\x0f \x01(\x0b\x32\x14.ftis.v1.RequestAuth\"\xce\x01\n\tTaskLease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12&\n\x08messages\x18\x04 \x03(\x0b\x32\x14.ftis.v1.ChatMessage\x12\x10\n\x08question\x18\x05 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x06 \x01(\x03\x12\x12\n\ngroup_size\x18\x07 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x08 \x01(\x05\x12\x12\n\nentry_json\x18\t \x01(\t\"W\n\x12LeaseTasksResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\x12\"\n\x06leases\x18\x02 \x03(\x0b\x32\x12.ftis.v1.TaskLease\"@\n\x13SubmitBundleRequest\x12)\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x17.ftis.v1.SignedEnvelope\"}\n\x14SubmitBundleResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\x12\x11\n\tbundle_id\x18\x02 \x01(\t\x12\x18\n\x10verified_rewards\x18\x03 \x03(\x02\x12\x19\n\x11reward_mismatches\x18\x04 \x01(\x05\"\xa9\x01\n\x12PullBundlesRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x02 \x01(\x03\x12\x13\n\x0bmax_bundles\x18\x03 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x04 \x01(\t\x12\x1a\n\x12skip_zero_variance\x18\x05 \x01(\x08\x12\"\n\x04\x61uth\x18\x0f \x01(\x0b\x32\x14.ftis.v1.RequestAuth\"\xaa\x01\n\rRelayedBundle\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x11\n\tbundle_id\x18\x02 \x01(\t\x12)\n\x08\x65nvelope\x18\x03 \x01(\x0b\x32\x17.ftis.v1.SignedEnvelope\x12\x18\n\x10verified_rewards\x18\x04 \x03(\x02\x12\x14\n\x0cstored_at_ms\x18\x05 \x01(\x03\x12\x19\n\x11sender_reputation\x18\x06 \x01(\x01\"r\n\x13PullBundlesResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\x12\'\n\x07\x62undles\x18\x02 \x03(\x0b\x32\x16.ftis.v1.RelayedBundle\x12\x13\n\x0bnext_cursor\x18\x03 \x01(\x03\"\xd5\x01\n\x0eSenderFeedback\x12\x16\n\x0esender_node_id\x18\x01 \x01(\t\x12\x0e\n\x06groups\x18\x02 \x01(\x05\x12\x0e\n\x06tokens\x18\x03 \x01(\x03\x12\x16\n\x0emean_log_ratio\x18\x04 \x01(\x01\x12\x15\n\rfiltered_frac\x18\x05 \x01(\x01\x12\x16\n\x0etruncated_frac\x18\x06 \x01(\x01\x12\x17\n\x0ftext_mismatches\x18\x07 \x01(\x05\x12\x17\n\x0finvalid_bundles\x18\x08 \x01(\x05\x12\x12\n\nbundle_ids\x18\t \x03(\t\"\xee\x01\n\x14ReportMetricsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x39\n\x06values\x18\x03 \x03(\x0b\x32).ftis.v1.ReportMetricsRequest.ValuesEntry\x12)\n\x08\x66\x65\x65\x64\x62\x61\x63k\x18\x04 \x03(\x0b\x32\x17.ftis.v1.SenderFeedback\x12\"\n\x04\x61uth\x18\x0f \x01(\x0b\x32\x14.ftis.v1.RequestAuth\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"6\n\x15ReportMetricsResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error\"}\n\x16UploadTokenizerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x19\n\x11tokenizer_json_gz\x18\x03 \x01(\x0c\x12\"\n\x04\x61uth\x18\x0f \x01(\x0b\x32\x14.ftis.v1.RequestAuth\"8\n\x17UploadTokenizerResponse\x12\x1d\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0e.ftis.v1.Error2\x90\x04\n\x05Swarm\x12?\n\x08Register\x12\x18.ftis.v1.RegisterRequest\x1a\x19.ftis.v1.RegisterResponse\x12\x42\n\tHeartbeat\x12\x19.ftis.v1.HeartbeatRequest\x1a\x1a.ftis.v1.HeartbeatResponse\x12\x45\n\nLeaseTasks\x12\x1a.ftis.v1.LeaseTasksRequest\x1a\x1b.ftis.v1.LeaseTasksResponse\x12K\n\x0cSubmitBundle\x12\x1c.ftis.v1.SubmitBundleRequest\x1a\x1d.ftis.v1.SubmitBundleResponse\x12H\n\x0bPullBundles\x12\x1b.ftis.v1.PullBundlesRequest\x1a\x1c.ftis.v1.PullBundlesResponse\x12N\n\rReportMetrics\x12\x1d.ftis.v1.ReportMetricsRequest\x1a\x1e.ftis.v1.ReportMetricsResponse\x12T\n\x0fUploadTokenizer\x12\x1f.ftis.v1.UploadTokenizerRequest\x1a .ftis.v1.UploadTokenizerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,34 +39,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERPAYLOAD']._serialized_end=201
   _globals['_REGISTERREQUEST']._serialized_start=203
   _globals['_REGISTERREQUEST']._serialized_end=263
-  _globals['_REGISTERRESPONSE']._serialized_start=265
-  _globals['_REGISTERRESPONSE']._serialized_end=386
-  _globals['_HEARTBEATREQUEST']._serialized_start=388
-  _globals['_HEARTBEATREQUEST']._serialized_end=447
-  _globals['_HEARTBEATRESPONSE']._serialized_start=449
-  _globals['_HEARTBEATRESPONSE']._serialized_end=523
-  _globals['_LEASETASKSREQUEST']._serialized_start=525
-  _globals['_LEASETASKSREQUEST']._serialized_end=620
-  _globals['_TASKLEASE']._serialized_start=623
-  _globals['_TASKLEASE']._serialized_end=829
-  _globals['_LEASETASKSRESPONSE']._serialized_start=831
-  _globals['_LEASETASKSRESPONSE']._serialized_end=918
-  _globals['_SUBMITBUNDLEREQUEST']._serialized_start=920
-  _globals['_SUBMITBUNDLEREQUEST']._serialized_end=984
-  _globals['_SUBMITBUNDLERESPONSE']._serialized_start=986
-  _globals['_SUBMITBUNDLERESPONSE']._serialized_end=1111
-  _globals['_PULLBUNDLESREQUEST']._serialized_start=1114
-  _globals['_PULLBUNDLESREQUEST']._serialized_end=1247
-  _globals['_RELAYEDBUNDLE']._serialized_start=1250
-  _globals['_RELAYEDBUNDLE']._serialized_end=1393
-  _globals['_PULLBUNDLESRESPONSE']._serialized_start=1395
-  _globals['_PULLBUNDLESRESPONSE']._serialized_end=1509
-  _globals['_REPORTMETRICSREQUEST']._serialized_start=1512
-  _globals['_REPORTMETRICSREQUEST']._serialized_end=1671
-  _globals['_REPORTMETRICSREQUEST_VALUESENTRY']._serialized_start=1626
-  _globals['_REPORTMETRICSREQUEST_VALUESENTRY']._serialized_end=1671
-  _globals['_REPORTMETRICSRESPONSE']._serialized_start=1673
-  _globals['_REPORTMETRICSRESPONSE']._serialized_end=1727
-  _globals['_SWARM']._serialized_start=1730
-  _globals['_SWARM']._serialized_end=2172
+  _globals['_REGISTERRESPONSE']._serialized_start=266
+  _globals['_REGISTERRESPONSE']._serialized_end=412
+  _globals['_HEARTBEATREQUEST']._serialized_start=414
+  _globals['_HEARTBEATREQUEST']._serialized_end=509
+  _globals['_HEARTBEATRESPONSE']._serialized_start=511
+  _globals['_HEARTBEATRESPONSE']._serialized_end=626
+  _globals['_LEASETASKSREQUEST']._serialized_start=629
+  _globals['_LEASETASKSREQUEST']._serialized_end=760
+  _globals['_TASKLEASE']._serialized_start=763
+  _globals['_TASKLEASE']._serialized_end=969
+  _globals['_LEASETASKSRESPONSE']._serialized_start=971
+  _globals['_LEASETASKSRESPONSE']._serialized_end=1058
+  _globals['_SUBMITBUNDLEREQUEST']._serialized_start=1060
+  _globals['_SUBMITBUNDLEREQUEST']._serialized_end=1124
+  _globals['_SUBMITBUNDLERESPONSE']._serialized_start=1126
+  _globals['_SUBMITBUNDLERESPONSE']._serialized_end=1251
+  _globals['_PULLBUNDLESREQUEST']._serialized_start=1254
+  _globals['_PULLBUNDLESREQUEST']._serialized_end=1423
+  _globals['_RELAYEDBUNDLE']._serialized_start=1426
+  _globals['_RELAYEDBUNDLE']._serialized_end=1596
+  _globals['_PULLBUNDLESRESPONSE']._serialized_start=1598
+  _globals['_PULLBUNDLESRESPONSE']._serialized_end=1712
+  _globals['_SENDERFEEDBACK']._serialized_start=1715
+  _globals['_SENDERFEEDBACK']._serialized_end=1928
+  _globals['_REPORTMETRICSREQUEST']._serialized_start=1931
+  _globals['_REPORTMETRICSREQUEST']._serialized_end=2169
+  _globals['_REPORTMETRICSREQUEST_VALUESENTRY']._serialized_start=2124
+  _globals['_REPORTMETRICSREQUEST_VALUESENTRY']._serialized_end=2169
+  _globals['_REPORTMETRICSRESPONSE']._serialized_start=2171
+  _globals['_REPORTMETRICSRESPONSE']._serialized_end=2225
+  _globals['_UPLOADTOKENIZERREQUEST']._serialized_start=2227
+  _globals['_UPLOADTOKENIZERREQUEST']._serialized_end=2352
+  _globals['_UPLOADTOKENIZERRESPONSE']._serialized_start=2354
+  _globals['_UPLOADTOKENIZERRESPONSE']._serialized_end=2410
+  _globals['_SWARM']._serialized_start=2413
+  _globals['_SWARM']._serialized_end=2941
 # @@protoc_insertion_point(module_scope)

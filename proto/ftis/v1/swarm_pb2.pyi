@@ -27,44 +27,54 @@ class RegisterRequest(_message.Message):
     def __init__(self, envelope: _Optional[_Union[_bundle_pb2.SignedEnvelope, _Mapping]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("error", "node_id", "heartbeat_interval_ms", "server_time_ms")
+    __slots__ = ("error", "node_id", "heartbeat_interval_ms", "server_time_ms", "tokenizer_known")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_KNOWN_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     node_id: str
     heartbeat_interval_ms: int
     server_time_ms: int
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., server_time_ms: _Optional[int] = ...) -> None: ...
+    tokenizer_known: bool
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., server_time_ms: _Optional[int] = ..., tokenizer_known: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "policy_version")
+    __slots__ = ("node_id", "policy_version", "auth")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     policy_version: int
-    def __init__(self, node_id: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    auth: _common_pb2.RequestAuth
+    def __init__(self, node_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., auth: _Optional[_Union[_common_pb2.RequestAuth, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("error", "server_time_ms")
+    __slots__ = ("error", "server_time_ms", "reputation", "quarantined")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    REPUTATION_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     server_time_ms: int
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., server_time_ms: _Optional[int] = ...) -> None: ...
+    reputation: float
+    quarantined: bool
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., server_time_ms: _Optional[int] = ..., reputation: _Optional[float] = ..., quarantined: _Optional[bool] = ...) -> None: ...
 
 class LeaseTasksRequest(_message.Message):
-    __slots__ = ("node_id", "count", "group_size", "max_new_tokens")
+    __slots__ = ("node_id", "count", "group_size", "max_new_tokens", "auth")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     count: int
     group_size: int
     max_new_tokens: int
-    def __init__(self, node_id: _Optional[str] = ..., count: _Optional[int] = ..., group_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    auth: _common_pb2.RequestAuth
+    def __init__(self, node_id: _Optional[str] = ..., count: _Optional[int] = ..., group_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., auth: _Optional[_Union[_common_pb2.RequestAuth, _Mapping]] = ...) -> None: ...
 
 class TaskLease(_message.Message):
     __slots__ = ("lease_id", "task_id", "dataset", "messages", "question", "deadline_ms", "group_size", "max_new_tokens", "entry_json")
@@ -115,32 +125,36 @@ class SubmitBundleResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., bundle_id: _Optional[str] = ..., verified_rewards: _Optional[_Iterable[float]] = ..., reward_mismatches: _Optional[int] = ...) -> None: ...
 
 class PullBundlesRequest(_message.Message):
-    __slots__ = ("node_id", "cursor", "max_bundles", "tokenizer_fingerprint", "skip_zero_variance")
+    __slots__ = ("node_id", "cursor", "max_bundles", "tokenizer_fingerprint", "skip_zero_variance", "auth")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     MAX_BUNDLES_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SKIP_ZERO_VARIANCE_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     cursor: int
     max_bundles: int
     tokenizer_fingerprint: str
     skip_zero_variance: bool
-    def __init__(self, node_id: _Optional[str] = ..., cursor: _Optional[int] = ..., max_bundles: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., skip_zero_variance: _Optional[bool] = ...) -> None: ...
+    auth: _common_pb2.RequestAuth
+    def __init__(self, node_id: _Optional[str] = ..., cursor: _Optional[int] = ..., max_bundles: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., skip_zero_variance: _Optional[bool] = ..., auth: _Optional[_Union[_common_pb2.RequestAuth, _Mapping]] = ...) -> None: ...
 
 class RelayedBundle(_message.Message):
-    __slots__ = ("sequence", "bundle_id", "envelope", "verified_rewards", "stored_at_ms")
+    __slots__ = ("sequence", "bundle_id", "envelope", "verified_rewards", "stored_at_ms", "sender_reputation")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_ID_FIELD_NUMBER: _ClassVar[int]
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_REWARDS_FIELD_NUMBER: _ClassVar[int]
     STORED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SENDER_REPUTATION_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     bundle_id: str
     envelope: _bundle_pb2.SignedEnvelope
     verified_rewards: _containers.RepeatedScalarFieldContainer[float]
     stored_at_ms: int
-    def __init__(self, sequence: _Optional[int] = ..., bundle_id: _Optional[str] = ..., envelope: _Optional[_Union[_bundle_pb2.SignedEnvelope, _Mapping]] = ..., verified_rewards: _Optional[_Iterable[float]] = ..., stored_at_ms: _Optional[int] = ...) -> None: ...
+    sender_reputation: float
+    def __init__(self, sequence: _Optional[int] = ..., bundle_id: _Optional[str] = ..., envelope: _Optional[_Union[_bundle_pb2.SignedEnvelope, _Mapping]] = ..., verified_rewards: _Optional[_Iterable[float]] = ..., stored_at_ms: _Optional[int] = ..., sender_reputation: _Optional[float] = ...) -> None: ...
 
 class PullBundlesResponse(_message.Message):
     __slots__ = ("error", "bundles", "next_cursor")
@@ -152,8 +166,30 @@ class PullBundlesResponse(_message.Message):
     next_cursor: int
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., bundles: _Optional[_Iterable[_Union[RelayedBundle, _Mapping]]] = ..., next_cursor: _Optional[int] = ...) -> None: ...
 
+class SenderFeedback(_message.Message):
+    __slots__ = ("sender_node_id", "groups", "tokens", "mean_log_ratio", "filtered_frac", "truncated_frac", "text_mismatches", "invalid_bundles", "bundle_ids")
+    SENDER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_LOG_RATIO_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_FRAC_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FRAC_FIELD_NUMBER: _ClassVar[int]
+    TEXT_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    INVALID_BUNDLES_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_IDS_FIELD_NUMBER: _ClassVar[int]
+    sender_node_id: str
+    groups: int
+    tokens: int
+    mean_log_ratio: float
+    filtered_frac: float
+    truncated_frac: float
+    text_mismatches: int
+    invalid_bundles: int
+    bundle_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sender_node_id: _Optional[str] = ..., groups: _Optional[int] = ..., tokens: _Optional[int] = ..., mean_log_ratio: _Optional[float] = ..., filtered_frac: _Optional[float] = ..., truncated_frac: _Optional[float] = ..., text_mismatches: _Optional[int] = ..., invalid_bundles: _Optional[int] = ..., bundle_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ReportMetricsRequest(_message.Message):
-    __slots__ = ("node_id", "step", "values")
+    __slots__ = ("node_id", "step", "values", "feedback", "auth")
     class ValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -164,12 +200,34 @@ class ReportMetricsRequest(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     step: int
     values: _containers.ScalarMap[str, float]
-    def __init__(self, node_id: _Optional[str] = ..., step: _Optional[int] = ..., values: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    feedback: _containers.RepeatedCompositeFieldContainer[SenderFeedback]
+    auth: _common_pb2.RequestAuth
+    def __init__(self, node_id: _Optional[str] = ..., step: _Optional[int] = ..., values: _Optional[_Mapping[str, float]] = ..., feedback: _Optional[_Iterable[_Union[SenderFeedback, _Mapping]]] = ..., auth: _Optional[_Union[_common_pb2.RequestAuth, _Mapping]] = ...) -> None: ...
 
 class ReportMetricsResponse(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
+
+class UploadTokenizerRequest(_message.Message):
+    __slots__ = ("node_id", "fingerprint", "tokenizer_json_gz", "auth")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_JSON_GZ_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    fingerprint: str
+    tokenizer_json_gz: bytes
+    auth: _common_pb2.RequestAuth
+    def __init__(self, node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., tokenizer_json_gz: _Optional[bytes] = ..., auth: _Optional[_Union[_common_pb2.RequestAuth, _Mapping]] = ...) -> None: ...
+
+class UploadTokenizerResponse(_message.Message):
     __slots__ = ("error",)
     ERROR_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error

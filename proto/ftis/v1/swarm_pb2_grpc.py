@@ -64,6 +64,11 @@ class SwarmStub:
                 request_serializer=ftis_dot_v1_dot_swarm__pb2.ReportMetricsRequest.SerializeToString,
                 response_deserializer=ftis_dot_v1_dot_swarm__pb2.ReportMetricsResponse.FromString,
                 _registered_method=True)
+        self.UploadTokenizer = channel.unary_unary(
+                '/ftis.v1.Swarm/UploadTokenizer',
+                request_serializer=ftis_dot_v1_dot_swarm__pb2.UploadTokenizerRequest.SerializeToString,
+                response_deserializer=ftis_dot_v1_dot_swarm__pb2.UploadTokenizerResponse.FromString,
+                _registered_method=True)
 
 
 class SwarmServicer:
@@ -105,6 +110,12 @@ class SwarmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadTokenizer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SwarmServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +148,11 @@ def add_SwarmServicer_to_server(servicer, server):
                     servicer.ReportMetrics,
                     request_deserializer=ftis_dot_v1_dot_swarm__pb2.ReportMetricsRequest.FromString,
                     response_serializer=ftis_dot_v1_dot_swarm__pb2.ReportMetricsResponse.SerializeToString,
+            ),
+            'UploadTokenizer': grpc.unary_unary_rpc_method_handler(
+                    servicer.UploadTokenizer,
+                    request_deserializer=ftis_dot_v1_dot_swarm__pb2.UploadTokenizerRequest.FromString,
+                    response_serializer=ftis_dot_v1_dot_swarm__pb2.UploadTokenizerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +317,33 @@ class Swarm:
             '/ftis.v1.Swarm/ReportMetrics',
             ftis_dot_v1_dot_swarm__pb2.ReportMetricsRequest.SerializeToString,
             ftis_dot_v1_dot_swarm__pb2.ReportMetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadTokenizer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftis.v1.Swarm/UploadTokenizer',
+            ftis_dot_v1_dot_swarm__pb2.UploadTokenizerRequest.SerializeToString,
+            ftis_dot_v1_dot_swarm__pb2.UploadTokenizerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,9 @@ def start(
     key_file: Annotated[Path | None, typer.Option(help="node key (PEM, 0600)")] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
     display_name: Annotated[str | None, typer.Option()] = None,
+    eval_every: Annotated[int | None, typer.Option(
+        help="greedy pass@1 on held-out and OOD sets every k rounds (0 = off)")] = None,
+    eval_config: Annotated[Path | None, typer.Option(help="JSON evaluation config")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Join a swarm: lease tasks, generate, submit signed bundles, learn with F-TIS."""
@@ -93,7 +96,8 @@ def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
                   f"{card.trainable_parameter_count:,} trainable ({card.peft}), "
                   f"tokenizer {card.tokenizer_fingerprint[:12]}")
     conn = SwarmConnection(cfg.coordinator, identity, card,
-                           display_name=cfg.display_name or f"{cfg.model}/{cfg.peft}")
+                           display_name=cfg.display_name or f"{cfg.model}/{cfg.peft}",
+                           tokenizer_json=policy.tokenizer_json)
     try:
         conn.register()
         node = VolunteerNode(cfg, policy, conn)

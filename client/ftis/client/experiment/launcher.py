@@ -126,3 +126,23 @@ def launch(out: Path, clients: list[ClientSpec], threads_per_client: int | None 
         swarm.stop()
         raise
     return swarm
+
+
+def start_attacker(swarm: Swarm, spec: ClientSpec, kind: str,
+                   threads: int | None = 1) -> subprocess.Popen:
+    """Start ``ftis-client attack --kind KIND`` for ``spec`` against ``swarm``'s coordinator.
+
+    Same layout as :func:`start_client`: ``OUT/NAME/`` (key, metrics, ``attack.jsonl``)
+    and ``OUT/logs/NAME.log``; ``spec.args`` takes ``start`` flags and attack options.
+    """
+    out = swarm.out / spec.name
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "ftis.client.cli.main", "attack", "--kind", kind,
+           "--coordinator", swarm.listen, "--out", str(out),
+           "--key-file", str(out / "node_key.pem"), *spec.args]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    log = open(swarm.out / "logs" / f"{spec.name}.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(threads))
+    swarm.clients[spec.name] = proc
+    return proc

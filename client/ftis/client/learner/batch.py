@@ -53,27 +53,38 @@ class Sample:
     gen_logprobs: list[float]
     advantage: float
     local: bool
+    sender: str = ""
 
 
 @dataclass
 class PackedBatch:
-    """Right-padded batch aligned for next-token log-probs.
+    """Batch aligned at the prompt/completion boundary, for next-token log-probs.
+
+    Prompts are left-padded so that every completion starts at the same column ``P``;
+    completions are right-padded. Only the ``K`` positions that predict completion tokens
+    need logits, so the model is asked for its last ``K + 1`` positions
+    (``logits_to_keep``) and the LM head never runs over prompt positions.
 
     Attributes:
-        input_ids: ``[B, S]`` long, prompt + completion, right-padded.
+        input_ids: ``[B, S]`` long, left-padded prompt + right-padded completion.
         attention_mask: ``[B, S]`` long.
-        targets: ``[B, S-1]`` long, ``input_ids[:, 1:]`` (the token each position predicts).
-        completion_mask: ``[B, S-1]`` bool, True where ``targets`` is a completion token.
-        gen_logprobs: ``[B, S-1]`` float32 sampler log-probs at completion positions, 0 elsewhere.
+        position_ids: ``[B, S]`` long, counting from each row's first real token.
+        targets: ``[B, K]`` long, the completion tokens (``input_ids[:, P:]``).
+        completion_mask: ``[B, K]`` bool, True on real completion tokens.
+        gen_logprobs: ``[B, K]`` float32 sampler log-probs, 0 on padding.
         advantages: ``[B]`` float32.
+        logits_to_keep: ``K + 1``: logits of the last K + 1 positions; dropping the last
+            one aligns ``logits[:, t]`` with ``targets[:, t]``.
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
+    position_ids: torch.Tensor
     targets: torch.Tensor
     completion_mask: torch.Tensor
     gen_logprobs: torch.Tensor
     advantages: torch.Tensor
+    logits_to_keep: int
 
     @property
     def num_tokens(self) -> int:
@@ -84,18 +95,22 @@ def pack(samples: list[Sample], pad_token_id: int) -> PackedBatch:
     """Pack samples into a :class:`PackedBatch` (see its shapes)."""
     if not samples:
         raise ValueError("cannot pack an empty list of samples")
-    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    if any(not s.prompt_ids or not s.completion_ids for s in samples):
+        raise ValueError("every sample needs at least one prompt and one completion token")
+    p_max = max(len(s.prompt_ids) for s in samples)
+    k = max(len(s.completion_ids) for s in samples)
     b = len(samples)
-    input_ids = torch.full((b, width), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((b, width), dtype=torch.long)
-    mask = torch.zeros((b, width - 1), dtype=torch.bool)
-    lp_gen = torch.zeros((b, width - 1), dtype=torch.float32)
+    input_ids = torch.full((b, p_max + k), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((b, p_max + k), dtype=torch.long)
+    mask = torch.zeros((b, k), dtype=torch.bool)
+    lp_gen = torch.zeros((b, k), dtype=torch.float32)
     for i, s in enumerate(samples):
         p, c = len(s.prompt_ids), len(s.completion_ids)
-        input_ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
-        attention[i, : p + c] = 1
-        # position t of the shifted layout predicts input_ids[t + 1]
-        mask[i, p - 1 : p - 1 + c] = True
-        lp_gen[i, p - 1 : p - 1 + c] = torch.tensor(s.gen_logprobs, dtype=torch.float32)
+        input_ids[i, p_max - p : p_max + c] = torch.tensor(s.prompt_ids + s.completion_ids)
+        attention[i, p_max - p : p_max + c] = 1
+        mask[i, :c] = True
+        lp_gen[i, :c] = torch.tensor(s.gen_logprobs, dtype=torch.float32)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return PackedBatch(input_ids, attention, input_ids[:, 1:], mask, lp_gen, advantages)
+    return PackedBatch(input_ids, attention, positions, input_ids[:, p_max:], mask, lp_gen,
+                       advantages, k + 1)

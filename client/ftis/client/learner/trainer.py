@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 import torch
 
 from ftis.client.learner.batch import PackedBatch, RolloutGroup, Sample, pack
-from ftis.client.learner.loss import LossConfig, completion_logprobs, group_advantages, policy_loss
+from ftis.client.learner.loss import (
+    LossConfig,
+    completion_logprobs,
+    ftis_filter,
+    group_advantages,
+    importance_weights,
+    policy_loss,
+    sequence_divergence,
+)
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ def groups_to_samples(groups: list[RolloutGroup], scale_by_std: bool) -> list[Sa
             continue
         adv = group_advantages(torch.tensor([g.rewards], dtype=torch.float32), scale_by_std)[0]
         for ids, lps, a in zip(g.completions, g.gen_logprobs, adv.tolist(), strict=True):
-            samples.append(Sample(g.prompt_ids, ids, lps, a, g.local))
+            samples.append(Sample(g.prompt_ids, ids, lps, a, g.local, g.sender))
     return samples
 
 
@@ -67,9 +75,12 @@ class Learner:
             weight_decay=config.weight_decay,
         )
         self.updates = 0
+        #: per external sender, statistics of the last step (receiver feedback, DESIGN §3.7)
+        self.sender_stats: dict[str, SenderStats] = {}
 
     def _forward_logprobs(self, batch: PackedBatch) -> torch.Tensor:
         out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                         position_ids=batch.position_ids, logits_to_keep=batch.logits_to_keep,
                          use_cache=False)
         logits = out.logits[:, :-1, :]
         return completion_logprobs(logits, batch.targets, self.config.loss.temperature)
@@ -86,6 +97,7 @@ class Learner:
         if cfg.loss.method == "on_policy":
             groups = [g for g in groups if g.local]
         samples = groups_to_samples(groups, cfg.scale_advantages_by_std)
+        self.sender_stats = {}
         metrics: dict[str, float] = {
             "groups_local": float(sum(g.local for g in groups)),
             "groups_external": float(sum(not g.local for g in groups)),
@@ -102,6 +114,7 @@ class Learner:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
+        t_forward = t_backward = 0.0
         acc: dict[str, dict[str, float]] = {"all": {}, "external": {}}
         for local in (True, False):
             part = sorted((s for s in samples if s.local == local),
@@ -109,16 +122,23 @@ class Learner:
             for i in range(0, len(part), cfg.micro_batch_size):
                 mb = part[i : i + cfg.micro_batch_size]
                 batch = pack(mb, self.pad_token_id)
+                t1 = time.perf_counter()
                 lp_theta = self._forward_logprobs(batch)
                 loss, stats = policy_loss(lp_theta, lp_theta.detach(), batch.gen_logprobs,
                                           batch.advantages, batch.completion_mask, cfg.loss)
                 n_tok, n_seq = batch.num_tokens, len(mb)
                 scale = (n_tok / total_tokens if cfg.loss.aggregation == "token"
                          else n_seq / total_seqs)
+                t2 = time.perf_counter()
                 (loss * scale).backward()
+                t_forward += t2 - t1
+                t_backward += time.perf_counter() - t2
+                if not local:
+                    self._record_senders(mb, lp_theta.detach(), batch)
                 loss_sum += float(loss.detach()) * scale
                 for key in (("all",) if local else ("all", "external")):
                     _accumulate(acc[key], stats, n_tok, n_seq)
+        t3 = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
         finite = math.isfinite(float(grad_norm))
         if finite:
@@ -126,6 +146,9 @@ class Learner:
             self.updates += 1
         self.optimizer.zero_grad(set_to_none=True)
         metrics.update(
+            forward_seconds=t_forward,
+            backward_seconds=t_backward,
+            optimizer_seconds=time.perf_counter() - t3,
             loss=loss_sum,
             grad_norm=float(grad_norm),
             updated=1.0 if finite else 0.0,
@@ -135,6 +158,42 @@ class Learner:
         for prefix, a in (("", acc["all"]), ("external_", acc["external"])):
             metrics.update({prefix + k: v for k, v in _finish(a).items()})
         return metrics
+
+
+    def _record_senders(self, mb: list[Sample], lp_old: torch.Tensor, batch: PackedBatch) -> None:
+        cfg = self.config.loss
+        mask = batch.completion_mask
+        log_ratio = torch.where(mask, lp_old - batch.gen_logprobs, torch.zeros_like(lp_old))
+        raw_w = importance_weights(lp_old, batch.gen_logprobs, "vis")
+        truncated = ((raw_w > cfg.truncation) & mask).sum(-1)
+        divergence = sequence_divergence(lp_old, batch.gen_logprobs, mask, cfg.divergence)
+        _, filtered = ftis_filter(batch.advantages, divergence, cfg.filter_threshold)
+        for i, s in enumerate(mb):
+            st = self.sender_stats.setdefault(s.sender, SenderStats())
+            st.completions += 1
+            st.tokens += int(mask[i].sum())
+            st.log_ratio_sum += float(log_ratio[i].sum())
+            st.truncated_tokens += int(truncated[i])
+            st.filtered += int(filtered[i])
+
+
+@dataclass
+class SenderStats:
+    """What a receiver saw of one sender's completions in a step (sums over samples).
+
+    ``log_ratio_sum`` is the sum over tokens of ``lp_learner - lp_gen`` (nats); the F-TIS
+    filter decision uses the step's divergence estimator and threshold g.
+    """
+
+    completions: int = 0
+    tokens: int = 0
+    log_ratio_sum: float = 0.0
+    truncated_tokens: int = 0
+    filtered: int = 0
+
+    @property
+    def mean_log_ratio(self) -> float:
+        return self.log_ratio_sum / max(self.tokens, 1)
 
 
 _TOKEN_MEANS = ("is_weight_mean", "truncated_frac", "clip_frac", "logratio_gen_mean")

@@ -44,6 +44,20 @@ class Policy:
             ids.append(self.tokenizer.eos_token_id)
         return sorted(set(ids))
 
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of ``token_ids`` with special tokens kept, via the ``tokenizers`` backend.
+
+        This is the canonical completion text of a bundle: the coordinator decodes with the
+        same library and rule and rejects any difference (``TEXT_MISMATCH``).
+        """
+        return self.tokenizer.backend_tokenizer.decode(list(token_ids),
+                                                       skip_special_tokens=False)
+
+    @property
+    def tokenizer_json(self) -> str:
+        """The tokenizer's ``tokenizer.json`` text (uploaded to the coordinator)."""
+        return self.tokenizer.backend_tokenizer.to_str()
+
     def prompt_token_ids(self, messages: list[dict[str, str]]) -> tuple[list[int], str]:
         """Token ids and text of the prompt for chat ``messages``.
 

@@ -50,6 +50,8 @@ class ClientConfig(BaseSettings):
     checkpoint_every: int = Field(1, ge=1)
     threads: int | None = Field(None, ge=1, description="torch CPU threads")
     display_name: str = ""
+    eval_every: int = Field(0, ge=0, description="greedy held-out evaluation every k rounds")
+    eval_config: Path | None = Field(None, description="JSON EvalConfig (sets, size, seed)")
 
     @property
     def effective_learning_rate(self) -> float:

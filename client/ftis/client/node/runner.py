@@ -25,7 +25,7 @@ from ftis.client.swarm.connection import SwarmConnection
 from ftis.client.swarm.external_pool import ExternalPool
 from ftis.protocol.errors import FtisError
 from ftis.tasks import TaskEntry, score_completion
-from ftis.v1 import bundle_pb2
+from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
 PULL_PAGE = 64
@@ -78,10 +78,17 @@ class VolunteerNode:
                                          max_new_tokens=config.max_new_tokens)
         self.pool = ExternalPool(connection.node_id, int(policy.card.vocab_size),
                                  policy.card.tokenizer_fingerprint,
-                                 rng=random.Random(config.seed))
+                                 rng=random.Random(config.seed), decode=policy.decode)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.round = 0
         self.metrics_path = self.out / "metrics.jsonl"
+        self.eval_sets: list = []
+        if config.eval_every:
+            from ftis.client.node.evaluation import EvalConfig, build_eval_sets
+
+            self.eval_config = (EvalConfig.model_validate_json(config.eval_config.read_text())
+                                if config.eval_config else EvalConfig())
+            self.eval_sets = build_eval_sets(self.eval_config)
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> bool:
@@ -116,30 +123,15 @@ class VolunteerNode:
         bundle_bytes, bundle_tokens = 0, 0
         for lease, (prompt_ids, prompt_text), sampled in zip(
                 leases, prompts, result.completions, strict=True):
-            entry = TaskEntry.from_json(lease.entry_json)
-            completions = []
-            for c in sampled:
-                text = pol.tokenizer.decode(c.token_ids, skip_special_tokens=False)
-                completions.append(bundle_pb2.Completion(
-                    token_ids=c.token_ids, logprobs=c.logprobs, text=text,
-                    claimed_reward=score_completion(lease.dataset, text, entry.as_entry()),
-                    finish_reason=c.finish_reason))
-            bundle = bundle_pb2.Bundle(
-                task_id=lease.task_id, lease_id=lease.lease_id, node_id=self.conn.node_id,
-                model_card=pol.card, policy_version=self.round,
-                sampling=self.sampling.to_proto(), prompt_token_ids=prompt_ids,
-                prompt_text=prompt_text, completions=completions,
-                created_at_ms=int(time.time() * 1000))
-            try:
-                reply = self.conn.submit_bundle(bundle)
-            except FtisError as exc:
-                log.warning("bundle for task %s rejected: %s", lease.task_id, exc)
+            bundle = self.make_bundle(lease, prompt_ids, prompt_text, sampled)
+            reply = self.submit(bundle)
+            if reply is None:
                 stats["bundles_rejected"] = stats.get("bundles_rejected", 0.0) + 1
                 continue
             bundle_bytes += bundle.ByteSize()
-            bundle_tokens += sum(len(c.token_ids) for c in completions)
+            bundle_tokens += sum(len(c.token_ids) for c in bundle.completions)
             verified = list(reply.verified_rewards)
-            claimed_all += [c.claimed_reward for c in completions]
+            claimed_all += [c.claimed_reward for c in bundle.completions]
             verified_all += verified
             groups.append(RolloutGroup(
                 prompt_ids=prompt_ids, completions=[c.token_ids for c in sampled],
@@ -150,6 +142,58 @@ class VolunteerNode:
         stats["bundles_submitted"] = float(len(groups))
         stats["bundle_bytes_per_token"] = bundle_bytes / max(bundle_tokens, 1)
         return groups
+
+    def make_bundle(self, lease: swarm_pb2.TaskLease, prompt_ids: list[int], prompt_text: str,
+                    sampled: list) -> bundle_pb2.Bundle:  # noqa: ANN001 - SampledCompletion
+        """The bundle for one leased task: completions, sampler log-probs, claimed rewards.
+
+        The text of each completion is ``decode(token_ids)`` with special tokens kept, the
+        exact rule the coordinator checks (``TEXT_MISMATCH``).
+        """
+        pol = self.policy
+        entry = TaskEntry.from_json(lease.entry_json).as_entry()
+        completions = []
+        for c in sampled:
+            text = pol.decode(c.token_ids)
+            completions.append(bundle_pb2.Completion(
+                token_ids=c.token_ids, logprobs=c.logprobs, text=text,
+                claimed_reward=score_completion(lease.dataset, text, entry),
+                finish_reason=c.finish_reason))
+        return bundle_pb2.Bundle(
+            task_id=lease.task_id, lease_id=lease.lease_id, node_id=self.conn.node_id,
+            model_card=pol.card, policy_version=self.round,
+            sampling=self.sampling.to_proto(), prompt_token_ids=prompt_ids,
+            prompt_text=prompt_text, completions=completions,
+            created_at_ms=int(time.time() * 1000))
+
+    def submit(self, bundle: bundle_pb2.Bundle) -> swarm_pb2.SubmitBundleResponse | None:
+        """Sign and submit; ``None`` when the coordinator rejected it (logged)."""
+        try:
+            return self.conn.submit_bundle(bundle)
+        except FtisError as exc:
+            log.warning("bundle for task %s rejected: %s", bundle.task_id, exc)
+            return None
+
+    def feedback(self, external: list[RolloutGroup]) -> list[swarm_pb2.SenderFeedback]:
+        """Per-sender statistics of this step for the coordinator's reputation system."""
+        invalid, mismatched = self.pool.drain_rejections()
+        by_sender: dict[str, swarm_pb2.SenderFeedback] = {}
+        for sender, st in self.learner.sender_stats.items():
+            by_sender[sender] = swarm_pb2.SenderFeedback(
+                sender_node_id=sender, groups=0, tokens=st.tokens,
+                mean_log_ratio=st.mean_log_ratio,
+                filtered_frac=st.filtered / max(st.completions, 1),
+                truncated_frac=st.truncated_tokens / max(st.tokens, 1))
+        for g in external:
+            fb = by_sender.setdefault(g.sender, swarm_pb2.SenderFeedback(sender_node_id=g.sender))
+            fb.groups += 1
+            if g.meta.get("bundle_id"):
+                fb.bundle_ids.append(g.meta["bundle_id"])
+        for sender in set(invalid) | set(mismatched):
+            fb = by_sender.setdefault(sender, swarm_pb2.SenderFeedback(sender_node_id=sender))
+            fb.invalid_bundles = invalid[sender]
+            fb.text_mismatches = mismatched[sender]
+        return list(by_sender.values())
 
     def _pull_external(self) -> None:
         while True:
@@ -166,7 +210,8 @@ class VolunteerNode:
         t0 = time.perf_counter()
         cfg = self.config
         stats: dict[str, float] = {}
-        self.conn.heartbeat(self.round)
+        beat = self.conn.heartbeat(self.round)
+        stats["reputation"] = float(beat.reputation)
         local = self._local_groups(stats)
         external: list[RolloutGroup] = []
         if cfg.external_groups > 0 and cfg.method != "on_policy":
@@ -176,17 +221,34 @@ class VolunteerNode:
         stats["external_pool_size"] = float(len(self.pool.groups))
         stats.update(self.learner.step(local + external))
         self.round += 1
+        last = cfg.rounds and self.round == cfg.rounds
+        if self.eval_sets and (self.round % cfg.eval_every == 0 or last):
+            stats.update(self.evaluate())
         stats["round_seconds"] = time.perf_counter() - t0
         stats["peak_rss_mb"] = peak_rss_mb()
         stats["updates"] = float(self.learner.updates)
-        self.conn.report_metrics(self.round, stats)
+        self.conn.report_metrics(self.round, stats, self.feedback(external))
         record = {"round": self.round, "node_id": self.conn.node_id, "model": cfg.model,
-                  "peft": cfg.peft, "method": cfg.method, "time": time.time(), **stats}
+                  "peft": cfg.peft, "method": cfg.method, "time": time.time(), **stats,
+                  "external_senders": [g.sender for g in external]}
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
         if self.round % cfg.checkpoint_every == 0:
             self.checkpoint()
         return RoundResult(self.round, stats)
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy held-out evaluation now; appended to ``out/eval.jsonl`` and returned."""
+        from ftis.client.node.evaluation import evaluate
+
+        t0 = time.perf_counter()
+        result = evaluate(self.policy, self.eval_sets, self.eval_config)
+        result["eval_seconds"] = time.perf_counter() - t0
+        with open(self.out / "eval.jsonl", "a") as fh:
+            fh.write(json.dumps({"round": self.round, "node_id": self.conn.node_id,
+                                 "model": self.config.model, "peft": self.config.peft,
+                                 "method": self.config.method, **result}) + "\n")
+        return result
 
     def checkpoint(self) -> None:
         save_checkpoint(self.out / "checkpoints", self.round, self.policy.model,
@@ -196,6 +258,8 @@ class VolunteerNode:
 
     def run(self, on_round: Callable[[RoundResult], None] | None = None) -> None:
         """Run until ``config.rounds`` rounds are done (forever if 0)."""
+        if self.eval_sets and self.round == 0:
+            self.evaluate()  # the starting policy, before any update
         while self.config.rounds == 0 or self.round < self.config.rounds:
             result = self.run_round()
             if on_round:

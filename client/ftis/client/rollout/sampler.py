@@ -122,7 +122,7 @@ def sample_groups(
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
 
     out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                use_cache=True)
+                use_cache=True, logits_to_keep=1)  # the LM head runs on the last position only
     cache, logits = out.past_key_values, out.logits[:, -1, :]
     next_pos = positions[:, -1:] + 1
     finished = torch.zeros(batch, dtype=torch.bool, device=device)

@@ -3,15 +3,19 @@
 Receivers do not trust the relay blindly: each relayed envelope's Ed25519 signature is
 verified again and the bundle's structure is checked against the receiver's own
 vocabulary before it can reach the learner. Groups are used at most once; the J groups
-of a round are drawn uniformly from the unused ones (SAPO), preferring the newest when
-the pool exceeds its capacity.
+of a round are drawn from the unused ones with probability proportional to the
+sender's reputation as reported by the relay (uniform, as in SAPO, when all senders
+are equally trusted); the oldest groups are dropped when the pool exceeds its capacity.
+Where the receiver shares the sender's tokenizer it also checks
+``text == decode(token_ids)``. Per-sender rejections are kept for receiver feedback.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
 
 from ftis.client.learner.batch import RolloutGroup
 from ftis.protocol.bundles import MAX_BUNDLE_BYTES, BundleLimits, check_structure
@@ -32,11 +36,14 @@ class ExternalPool:
         capacity: most groups kept (oldest dropped first).
         max_policy_lag: drop groups whose sender's policy version is older than the
             newest seen by more than this many steps (``None`` = keep all).
+        decode: ``token_ids -> text`` with the receiver's tokenizer (same fingerprint as the
+            sender's), used to check each completion's text; ``None`` skips the check.
     """
 
     def __init__(self, own_node_id: str, vocab_size: int, fingerprint: str,
                  capacity: int = 256, max_policy_lag: int | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 decode: Callable[[list[int]], str] | None = None) -> None:
         self.own_node_id = own_node_id
         self.vocab_size = vocab_size
         self.fingerprint = fingerprint
@@ -45,10 +52,16 @@ class ExternalPool:
         self.rejected = 0
         self.max_policy_lag = max_policy_lag
         self.rng = rng or random.Random(0)
+        self.decode = decode
+        #: per sender: relayed bundles that failed local re-verification / text checks
+        self.invalid_by_sender: Counter[str] = Counter()
+        self.text_mismatch_by_sender: Counter[str] = Counter()
+        self.weights: dict[str, float] = {}
 
     def add(self, relayed: swarm_pb2.RelayedBundle) -> bool:
         """Verify and buffer one relayed bundle; returns whether it was kept."""
         self.cursor = max(self.cursor, relayed.sequence)
+        sender = ""
         try:
             bundle, sender = open_envelope(relayed.envelope, "bundle", bundle_pb2.Bundle,
                                            MAX_BUNDLE_BYTES)
@@ -61,8 +74,15 @@ class ExternalPool:
             check_structure(bundle, limits)
             if len(relayed.verified_rewards) != len(bundle.completions):
                 raise FtisError(103, "verified rewards do not match the completions")
+            if self.decode is not None:
+                bad = sum(self.decode(list(c.token_ids)) != c.text for c in bundle.completions)
+                if bad:
+                    self.text_mismatch_by_sender[sender] += bad
+                    raise FtisError(150, f"{bad} completions' text differs from their tokens")
         except FtisError as exc:
             self.rejected += 1
+            if sender and exc.code != 150:
+                self.invalid_by_sender[sender] += 1
             log.warning("dropping relayed bundle %s: %s", relayed.bundle_id, exc)
             return False
         group = RolloutGroup(
@@ -78,6 +98,7 @@ class ExternalPool:
         )
         if group.reward_variance_zero:
             return False
+        self.weights[relayed.bundle_id] = max(relayed.sender_reputation, 0.0)
         self.groups.append(group)
         return True
 
@@ -90,8 +111,21 @@ class ExternalPool:
         count = min(count, len(self.groups))
         if count <= 0:
             return []
-        chosen = self.rng.sample(range(len(self.groups)), count)
-        picked = [self.groups[i] for i in chosen]
-        keep = [g for i, g in enumerate(self.groups) if i not in set(chosen)]
+        # reputation-weighted sampling without replacement (Efraimidis-Spirakis keys);
+        # a missing reputation (old coordinator) counts as 1, i.e. uniform sampling
+        weights = [self.weights.get(g.meta.get("bundle_id", ""), 1.0) or 1e-6
+                   for g in self.groups]
+        keys = [self.rng.random() ** (1.0 / w) for w in weights]
+        chosen = set(sorted(range(len(keys)), key=keys.__getitem__, reverse=True)[:count])
+        picked = [g for i, g in enumerate(self.groups) if i in chosen]
+        keep = [g for i, g in enumerate(self.groups) if i not in chosen]
         self.groups = deque(keep, maxlen=self.groups.maxlen)
+        for g in picked:
+            self.weights.pop(g.meta.get("bundle_id", ""), None)
         return picked
+
+    def drain_rejections(self) -> tuple[Counter[str], Counter[str]]:
+        """Per-sender (invalid bundles, text mismatches) since the last call."""
+        out = (self.invalid_by_sender, self.text_mismatch_by_sender)
+        self.invalid_by_sender, self.text_mismatch_by_sender = Counter(), Counter()
+        return out

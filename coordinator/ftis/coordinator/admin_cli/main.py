@@ -2,7 +2,11 @@
 
 ``ftis-admin [--admin HOST:PORT] [--timeout S] COMMAND [--json]`` with commands
 ``nodes list``, ``nodes show NODE``, ``bundles list [--node N] [--limit K]``, ``stats``,
-``ban NODE [--reason TEXT]`` and ``unban NODE``. ``--json`` prints the response as
+``ban NODE [--reason TEXT]``, ``unban NODE`` (also clears quarantine: the node's bad
+reputation evidence is reset to 0), ``reputation show`` and ``reputation set
+[--quarantine-threshold X] [--half-life-s S] [--probation-bundles N]
+[--probation-threshold X] [--feedback-weight W] [--log-ratio-tolerance T]
+[--auto-ban-on-proof/--no-auto-ban-on-proof]``. ``--json`` prints the response as
 proto3 JSON (field names as in ``admin.proto``, int64 as numbers).
 
 Exit codes: 0 ok; 1 the coordinator answered with an error code (or failed the call);
@@ -46,8 +50,10 @@ app = typer.Typer(
 )
 nodes_app = typer.Typer(help="Registered nodes.", no_args_is_help=True)
 bundles_app = typer.Typer(help="Stored bundles.", no_args_is_help=True)
+reputation_app = typer.Typer(help="Reputation policy.", no_args_is_help=True)
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(bundles_app, name="bundles")
+app.add_typer(reputation_app, name="reputation")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 _console = Console()
@@ -151,6 +157,17 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     _console.print(table)
 
 
+def node_state(node: admin_pb2.NodeInfo) -> str:
+    """``banned``, ``quarantined``, ``probation`` or ``ok`` (in that precedence)."""
+    if node.banned:
+        return "banned"
+    if node.quarantined:
+        return "quarantined"
+    if node.probation:
+        return "probation"
+    return "ok"
+
+
 def _node_rows(nodes: list[admin_pb2.NodeInfo]) -> list[list[Any]]:
     return [
         [
@@ -162,8 +179,9 @@ def _node_rows(nodes: list[admin_pb2.NodeInfo]) -> list[list[Any]]:
             n.bundles_accepted,
             n.bundles_rejected,
             n.reward_mismatches,
+            f"{n.reputation:.3f}",
             _age(n.last_seen_ms),
-            "BANNED" if n.banned else "",
+            node_state(n),
         ]
         for n in nodes
     ]
@@ -178,8 +196,9 @@ _NODE_COLUMNS = [
     "accepted",
     "rejected",
     "mismatches",
+    "reputation",
     "last seen",
-    "status",
+    "state",
 ]
 
 
@@ -187,6 +206,10 @@ def _show_node(node: admin_pb2.NodeInfo, title: str) -> None:
     _table(title, _NODE_COLUMNS, _node_rows([node]))
     if node.banned:
         _console.print(f"ban reason: {node.ban_reason}")
+    _console.print(
+        f"reputation: {node.reputation:.4f} (good {node.evidence_good:.3f}, "
+        f"bad {node.evidence_bad:.3f}, decayed to now)"
+    )
 
 
 @nodes_app.command("list")
@@ -229,6 +252,22 @@ def nodes_show(
             "rejections by code",
             ["code", "count"],
             sorted([k, v] for k, v in response.rejections_by_code.items()),
+        )
+    if response.evidence:
+        _table(
+            f"evidence (newest {len(response.evidence)})",
+            ["at", "kind", "weight", "reporter", "bundle", "detail"],
+            [
+                [
+                    _age(e.at_ms),
+                    e.kind,
+                    f"{e.weight:+.3g}",
+                    e.reporter_node_id[:12],
+                    e.bundle_id[:12],
+                    e.detail,
+                ]
+                for e in response.evidence
+            ],
         )
 
 
@@ -315,8 +354,72 @@ def unban(
     node: Annotated[str, typer.Argument(help="Node id or unique prefix.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Lift a node's ban."""
+    """Lift a node's ban and clear its quarantine (resets its bad reputation evidence)."""
     _ban_like("UnbanNode", admin_pb2.UnbanNodeRequest(node_id=node), as_json, "unbanned")
+
+
+def _show_reputation_config(config: admin_pb2.ReputationConfig, title: str) -> None:
+    _table(title, ["setting", "value"], [[k, v] for k, v in to_dict(config).items()])
+
+
+@reputation_app.command("show")
+def reputation_show(as_json: JsonFlag = False) -> None:
+    """Show the reputation policy in force."""
+    response = _call("GetReputationConfig", admin_pb2.GetReputationConfigRequest())
+    if as_json:
+        _print_json(response)
+        return
+    _show_reputation_config(response.config, "reputation policy")
+
+
+@reputation_app.command("set")
+def reputation_set(
+    quarantine_threshold: Annotated[
+        float | None, typer.Option(help="Score below which a node is quarantined.")
+    ] = None,
+    half_life_s: Annotated[float | None, typer.Option(help="Evidence half-life, seconds.")] = None,
+    probation_bundles: Annotated[
+        int | None, typer.Option(help="Verified bundles before probation ends.")
+    ] = None,
+    probation_threshold: Annotated[
+        float | None, typer.Option(help="Quarantine threshold while on probation.")
+    ] = None,
+    feedback_weight: Annotated[
+        float | None, typer.Option(help="Weight of one receiver report (x reporter score).")
+    ] = None,
+    log_ratio_tolerance: Annotated[
+        float | None, typer.Option(help="|mean log-ratio| (nats/token) counted as bad.")
+    ] = None,
+    auto_ban_on_proof: Annotated[
+        bool | None,
+        typer.Option(
+            "--auto-ban-on-proof/--no-auto-ban-on-proof",
+            help="Ban automatically on a signed inconsistent bundle.",
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Change some settings of the reputation policy (the others are kept); persisted
+    by the coordinator and applied to every node at once."""
+    current = _call("GetReputationConfig", admin_pb2.GetReputationConfigRequest()).config
+    changes = {
+        "quarantine_threshold": quarantine_threshold,
+        "half_life_s": half_life_s,
+        "probation_bundles": probation_bundles,
+        "probation_threshold": probation_threshold,
+        "feedback_weight": feedback_weight,
+        "log_ratio_tolerance": log_ratio_tolerance,
+        "auto_ban_on_proof": auto_ban_on_proof,
+    }
+    for name, value in changes.items():
+        if value is not None:
+            setattr(current, name, value)
+    response = _call("SetReputationConfig", admin_pb2.SetReputationConfigRequest(config=current))
+    _check_error(response, as_json)
+    if as_json:
+        _print_json(response)
+        return
+    _show_reputation_config(response.config, "reputation policy (updated)")
 
 
 if __name__ == "__main__":

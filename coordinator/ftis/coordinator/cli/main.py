@@ -1,7 +1,10 @@
 """``ftis-coordinator`` command line.
 
 ``ftis-coordinator serve [--listen HOST:PORT] [--admin-listen HOST:PORT] [--db PATH|URL]
-[--config FILE] [--ready-file PATH]``; also runnable as
+[--config FILE] [--ready-file PATH] [--set FIELD=VALUE ...]``; ``--set`` overrides any
+:class:`~ftis.coordinator.config.CoordinatorConfig` field (VALUE parsed as JSON when it
+parses, e.g. ``--set bundles_per_minute=60 --set require_tokenizer=false
+--set reputation.half_life_s=3600``); also runnable as
 ``python -m ftis.coordinator.cli.main serve ...``. Exit codes: :class:`ExitCode`.
 """
 
@@ -14,7 +17,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import pydantic
 import typer
@@ -45,6 +48,29 @@ def write_ready_file(path: Path, listen: str, admin: str) -> None:
     os.replace(tmp, path)
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["a=1", "reputation.half_life_s=60"]`` -> ``{"a": 1, "reputation": {...}}``.
+
+    Raises:
+        ValueError: an item without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected FIELD=VALUE, got {item!r}")
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        *parents, leaf = key.strip().split(".")
+        target = out
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    return out
+
+
 def _fail(code: ExitCode, message: str) -> typer.Exit:
     print(f"ftis-coordinator: {message.splitlines()[0] if message else code.name}", file=sys.stderr)
     return typer.Exit(int(code))
@@ -69,6 +95,10 @@ def serve(
         typer.Option(help="Write {listen, admin, pid} as JSON here once both ports are bound."),
     ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="FIELD=VALUE override of any setting (repeatable)."),
+    ] = None,
 ) -> None:
     """Run the coordinator until SIGINT or SIGTERM."""
     logging.basicConfig(
@@ -77,8 +107,16 @@ def serve(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        cfg = load_config(config, listen=listen, admin_listen=admin_listen, db=db)
-    except (ConfigError, pydantic.ValidationError) as exc:
+        overrides = parse_overrides(set_ or [])
+        overrides.update(
+            {
+                k: v
+                for k, v in (("listen", listen), ("admin_listen", admin_listen), ("db", db))
+                if v is not None
+            }
+        )
+        cfg = load_config(config, **overrides)
+    except (ConfigError, pydantic.ValidationError, ValueError) as exc:
         raise _fail(ExitCode.USAGE, f"invalid configuration: {exc}".replace("\n", " ")) from None
 
     from ftis.coordinator.server.app import BindError, CoordinatorServer

@@ -17,6 +17,8 @@ import grpc
 from ftis.coordinator.server import convert
 from ftis.coordinator.server.swarm_service import in_band_errors
 from ftis.coordinator.service import ACTIVE_WINDOW_MS, Coordinator
+from ftis.coordinator.state.base import NodeRecord
+from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.v1 import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -44,18 +46,20 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self.coordinator = coordinator
         self.state = coordinator.state
 
+    def _info(self, node: NodeRecord) -> admin_pb2.NodeInfo:
+        return convert.node_info(node, self.coordinator.reputation_config, self.coordinator.clock())
+
     @_abort_on_exception
     def ListNodes(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return admin_pb2.ListNodesResponse(
-            nodes=[convert.node_info(n) for n in self.state.list_nodes()]
-        )
+        return admin_pb2.ListNodesResponse(nodes=[self._info(n) for n in self.state.list_nodes()])
 
     @in_band_errors(admin_pb2.GetNodeResponse)
     def GetNode(self, request: admin_pb2.GetNodeRequest, context: Any) -> Any:  # noqa: N802
         node = self.state.resolve_node(request.node_id)
         return admin_pb2.GetNodeResponse(
-            node=convert.node_info(node),
+            node=self._info(node),
             rejections_by_code=convert.codes_by_name(self.state.rejections_by_code(node.node_id)),
+            evidence=[convert.evidence(e) for e in self.coordinator.evidence(node.node_id)],
         )
 
     @_abort_on_exception
@@ -73,6 +77,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             mean_verified_reward=s.mean_verified_reward,
             rejections_by_code=convert.codes_by_name(s.rejections_by_code),
             bundle_bytes=s.bundle_bytes,
+            quarantined_nodes=s.quarantined_nodes,
         )
 
     @_abort_on_exception
@@ -84,9 +89,30 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @in_band_errors(admin_pb2.BanNodeResponse)
     def BanNode(self, request: admin_pb2.BanNodeRequest, context: Any) -> Any:  # noqa: N802
         node = self.coordinator.ban(request.node_id, request.reason)
-        return admin_pb2.BanNodeResponse(node=convert.node_info(node))
+        return admin_pb2.BanNodeResponse(node=self._info(node))
 
     @in_band_errors(admin_pb2.UnbanNodeResponse)
     def UnbanNode(self, request: admin_pb2.UnbanNodeRequest, context: Any) -> Any:  # noqa: N802
         node = self.coordinator.unban(request.node_id)
-        return admin_pb2.UnbanNodeResponse(node=convert.node_info(node))
+        return admin_pb2.UnbanNodeResponse(node=self._info(node))
+
+    @_abort_on_exception
+    def GetReputationConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return admin_pb2.GetReputationConfigResponse(
+            config=convert.reputation_config(self.coordinator.reputation_config)
+        )
+
+    @in_band_errors(admin_pb2.SetReputationConfigResponse)
+    def SetReputationConfig(  # noqa: N802
+        self, request: admin_pb2.SetReputationConfigRequest, context: Any
+    ) -> Any:
+        if not request.HasField("config"):
+            raise FtisError(ErrorCode.REQUEST_INVALID, "config is required")
+        try:
+            cfg = convert.reputation_config_from_proto(
+                request.config, self.coordinator.reputation_config
+            )
+        except ValueError as exc:
+            raise FtisError(ErrorCode.REQUEST_INVALID, str(exc)) from None
+        self.coordinator.set_reputation_config(cfg)
+        return admin_pb2.SetReputationConfigResponse(config=convert.reputation_config(cfg))

@@ -22,12 +22,12 @@ import grpc
 
 from ftis.coordinator.config import CoordinatorConfig, parse_host_port
 from ftis.coordinator.server.admin_service import AdminService
-from ftis.coordinator.server.swarm_service import SwarmService
+from ftis.coordinator.server.swarm_service import SwarmService, add_swarm_service
 from ftis.coordinator.service import Clock, Coordinator, wall_clock_ms
 from ftis.coordinator.state.base import State
 from ftis.coordinator.state.sql import SqlState
 from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
-from ftis.v1 import admin_pb2_grpc, swarm_pb2_grpc
+from ftis.v1 import admin_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,17 @@ GRPC_OPTIONS = [
     # Never share a port with another process (gRPC enables SO_REUSEPORT by default).
     ("grpc.so_reuseport", 0),
 ]
+
+
+def swarm_grpc_options(config: CoordinatorConfig) -> list[tuple[str, int]]:
+    """Options of the volunteer listener: messages above ``grpc_max_receive_bytes`` are
+    refused by gRPC itself (status RESOURCE_EXHAUSTED, never decoded); smaller ones are
+    checked per method before decoding (REQUEST_TOO_LARGE, see ``add_swarm_service``)."""
+    return [
+        ("grpc.max_receive_message_length", config.grpc_max_receive_bytes),
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),
+    ]
 
 
 class BindError(RuntimeError):
@@ -89,9 +100,9 @@ class CoordinatorServer:
         """
         swarm = grpc.server(
             ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ftis-swarm"),
-            options=GRPC_OPTIONS,
+            options=swarm_grpc_options(self.config),
         )
-        swarm_pb2_grpc.add_SwarmServicer_to_server(SwarmService(self.coordinator), swarm)
+        add_swarm_service(SwarmService(self.coordinator), swarm, self.config.method_request_limits)
         admin = grpc.server(
             ThreadPoolExecutor(4, thread_name_prefix="ftis-admin"), options=GRPC_OPTIONS
         )

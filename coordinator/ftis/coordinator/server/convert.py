@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ftis.coordinator.state.base import BundleRecord, LeaseRecord, NodeRecord
+from ftis.coordinator import reputation
+from ftis.coordinator.reputation import ReputationConfig
+from ftis.coordinator.state.base import BundleRecord, EvidenceRecord, LeaseRecord, NodeRecord
 from ftis.protocol.errors import code_name
 from ftis.tasks import render_messages
 from ftis.v1 import admin_pb2, bundle_pb2, common_pb2, swarm_pb2
@@ -36,11 +38,18 @@ def relayed_bundle(record: BundleRecord) -> swarm_pb2.RelayedBundle:
         envelope=envelope,
         verified_rewards=record.verified_rewards,
         stored_at_ms=record.stored_at_ms,
+        sender_reputation=record.sender_reputation,
     )
 
 
-def node_info(node: NodeRecord) -> admin_pb2.NodeInfo:
-    """Admin view of a node."""
+def node_info(
+    node: NodeRecord, cfg: ReputationConfig | None = None, now_ms: int | None = None
+) -> admin_pb2.NodeInfo:
+    """Admin view of a node; reputation evidence decayed to ``now_ms`` (default: as
+    stored) under ``cfg`` (default: the built-in policy)."""
+    cfg = cfg if cfg is not None else ReputationConfig()
+    now_ms = now_ms if now_ms is not None else node.rep_updated_ms
+    good, bad = reputation.decayed(node.standing, now_ms, cfg.half_life_s)
     card = bundle_pb2.ModelCard()
     card.ParseFromString(node.model_card)
     return admin_pb2.NodeInfo(
@@ -57,6 +66,55 @@ def node_info(node: NodeRecord) -> admin_pb2.NodeInfo:
         reward_mismatches=node.reward_mismatches,
         latest_metrics=node.latest_metrics,
         latest_metrics_step=node.latest_metrics_step,
+        reputation=reputation.score(good, bad),
+        evidence_good=good,
+        evidence_bad=bad,
+        quarantined=node.quarantined,
+        probation=reputation.on_probation(node.bundles_accepted, cfg),
+    )
+
+
+def evidence(record: EvidenceRecord) -> admin_pb2.Evidence:
+    """Admin view of one evidence row."""
+    return admin_pb2.Evidence(
+        at_ms=record.at_ms,
+        kind=record.kind,
+        weight=record.weight,
+        detail=record.detail,
+        reporter_node_id=record.reporter_node_id,
+        bundle_id=record.bundle_id,
+    )
+
+
+def reputation_config(cfg: ReputationConfig) -> admin_pb2.ReputationConfig:
+    """The admin-settable part of the policy."""
+    return admin_pb2.ReputationConfig(
+        quarantine_threshold=cfg.quarantine_threshold,
+        half_life_s=cfg.half_life_s,
+        probation_bundles=cfg.probation_bundles,
+        probation_threshold=cfg.probation_threshold,
+        feedback_weight=cfg.feedback_weight,
+        log_ratio_tolerance=cfg.log_ratio_tolerance,
+        auto_ban_on_proof=cfg.auto_ban_on_proof,
+    )
+
+
+def reputation_config_from_proto(
+    message: admin_pb2.ReputationConfig, base: ReputationConfig
+) -> ReputationConfig:
+    """Full replacement of the admin-settable fields of ``base`` (others kept).
+
+    Raises:
+        ValueError: out-of-range values.
+    """
+    return base.updated(
+        quarantine_threshold=message.quarantine_threshold,
+        half_life_s=message.half_life_s,
+        probation_bundles=message.probation_bundles,
+        probation_threshold=message.probation_threshold,
+        feedback_weight=message.feedback_weight,
+        log_ratio_tolerance=message.log_ratio_tolerance,
+        auto_ban_on_proof=message.auto_ban_on_proof,
     )
 
 

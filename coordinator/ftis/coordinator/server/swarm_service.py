@@ -3,6 +3,15 @@
 Every rejection travels in-band in the response's ``error`` field (code + one-line
 reason); an unexpected exception becomes INTERNAL with its traceback logged, and the
 server keeps serving.
+
+Signed requests (Heartbeat, LeaseTasks, PullBundles, ReportMetrics, UploadTokenizer) are
+authenticated first (:meth:`Coordinator.authenticate`: NODE_UNKNOWN → AUTH_INVALID /
+AUTH_EXPIRED → NODE_BANNED), then handed to the operation.
+
+:func:`add_swarm_service` registers the servicer with a per-method size limit that is
+checked on the raw bytes *before* decoding: larger requests are answered in-band with
+REQUEST_TOO_LARGE (the transport-level ``max_receive_message_length`` still answers even
+larger messages with gRPC status RESOURCE_EXHAUSTED).
 """
 
 from __future__ import annotations
@@ -12,6 +21,9 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import grpc
+
+from ftis.coordinator.quotas import peer_host
 from ftis.coordinator.server import convert
 from ftis.coordinator.service import Coordinator
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -46,6 +58,13 @@ def in_band_errors(response_cls: type[R]) -> Callable[[Callable[..., R]], Callab
     return wrap
 
 
+def _peer(context: Any) -> str:
+    try:
+        return peer_host(context.peer()) if context is not None else ""
+    except Exception:  # a test double without peer()
+        return ""
+
+
 class SwarmService(swarm_pb2_grpc.SwarmServicer):
     """gRPC front of :class:`Coordinator` for volunteers."""
 
@@ -54,20 +73,27 @@ class SwarmService(swarm_pb2_grpc.SwarmServicer):
 
     @in_band_errors(swarm_pb2.RegisterResponse)
     def Register(self, request: swarm_pb2.RegisterRequest, context: Any) -> Any:  # noqa: N802
-        node = self.coordinator.register(request.envelope)
+        node = self.coordinator.register(request.envelope, peer=_peer(context))
         return swarm_pb2.RegisterResponse(
             node_id=node.node_id,
             heartbeat_interval_ms=int(self.coordinator.config.heartbeat_interval_s * 1000),
             server_time_ms=self.coordinator.clock(),
+            tokenizer_known=self.coordinator.tokenizer_known(node.fingerprint),
         )
 
     @in_band_errors(swarm_pb2.HeartbeatResponse)
     def Heartbeat(self, request: swarm_pb2.HeartbeatRequest, context: Any) -> Any:  # noqa: N802
+        node = self.coordinator.authenticate(request, "Heartbeat")
         now = self.coordinator.heartbeat(request.node_id, request.policy_version)
-        return swarm_pb2.HeartbeatResponse(server_time_ms=now)
+        return swarm_pb2.HeartbeatResponse(
+            server_time_ms=now,
+            reputation=self.coordinator.reputation_of(node),
+            quarantined=node.quarantined,
+        )
 
     @in_band_errors(swarm_pb2.LeaseTasksResponse)
     def LeaseTasks(self, request: swarm_pb2.LeaseTasksRequest, context: Any) -> Any:  # noqa: N802
+        self.coordinator.authenticate(request, "LeaseTasks")
         leases = self.coordinator.lease_tasks(
             request.node_id, request.count, request.group_size, request.max_new_tokens
         )
@@ -84,6 +110,7 @@ class SwarmService(swarm_pb2_grpc.SwarmServicer):
 
     @in_band_errors(swarm_pb2.PullBundlesResponse)
     def PullBundles(self, request: swarm_pb2.PullBundlesRequest, context: Any) -> Any:  # noqa: N802
+        self.coordinator.authenticate(request, "PullBundles")
         bundles, next_cursor = self.coordinator.pull_bundles(
             request.node_id,
             request.cursor,
@@ -97,5 +124,79 @@ class SwarmService(swarm_pb2_grpc.SwarmServicer):
 
     @in_band_errors(swarm_pb2.ReportMetricsResponse)
     def ReportMetrics(self, request: swarm_pb2.ReportMetricsRequest, context: Any) -> Any:  # noqa: N802
-        self.coordinator.report_metrics(request.node_id, request.step, dict(request.values))
+        self.coordinator.authenticate(request, "ReportMetrics")
+        self.coordinator.report_metrics(
+            request.node_id, request.step, dict(request.values), list(request.feedback)
+        )
         return swarm_pb2.ReportMetricsResponse()
+
+    @in_band_errors(swarm_pb2.UploadTokenizerResponse)
+    def UploadTokenizer(  # noqa: N802
+        self, request: swarm_pb2.UploadTokenizerRequest, context: Any
+    ) -> Any:
+        self.coordinator.authenticate(request, "UploadTokenizer")
+        self.coordinator.upload_tokenizer(
+            request.node_id, request.fingerprint, request.tokenizer_json_gz
+        )
+        return swarm_pb2.UploadTokenizerResponse()
+
+
+class _TooLarge:
+    """Stand-in for a request refused before decoding."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size, self.limit = size, limit
+
+
+_METHODS: dict[str, tuple[type, type]] = {
+    "Register": (swarm_pb2.RegisterRequest, swarm_pb2.RegisterResponse),
+    "Heartbeat": (swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse),
+    "LeaseTasks": (swarm_pb2.LeaseTasksRequest, swarm_pb2.LeaseTasksResponse),
+    "SubmitBundle": (swarm_pb2.SubmitBundleRequest, swarm_pb2.SubmitBundleResponse),
+    "PullBundles": (swarm_pb2.PullBundlesRequest, swarm_pb2.PullBundlesResponse),
+    "ReportMetrics": (swarm_pb2.ReportMetricsRequest, swarm_pb2.ReportMetricsResponse),
+    "UploadTokenizer": (swarm_pb2.UploadTokenizerRequest, swarm_pb2.UploadTokenizerResponse),
+}
+
+
+def _bounded_deserializer(request_cls: type, limit: int) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        if len(data) > limit:
+            return _TooLarge(len(data), limit)
+        return request_cls.FromString(data)
+
+    return deserialize
+
+
+def _refusing(
+    behavior: Callable[[Any, Any], Any], response_cls: type, method: str
+) -> Callable[[Any, Any], Any]:
+    def handle(request: Any, context: Any) -> Any:
+        if isinstance(request, _TooLarge):
+            return response_cls(
+                error=common_pb2.Error(
+                    code=ErrorCode.REQUEST_TOO_LARGE,
+                    reason=f"{method} request is {request.size} bytes, limit {request.limit}",
+                )
+            )
+        return behavior(request, context)
+
+    return handle
+
+
+def add_swarm_service(servicer: SwarmService, server: grpc.Server, limits: dict[str, int]) -> None:
+    """Register ``servicer`` on ``server`` with per-method request size limits (bytes,
+    checked before decoding → in-band REQUEST_TOO_LARGE). Same wire contract as the
+    generated ``add_SwarmServicer_to_server``."""
+    handlers = {}
+    for method, (request_cls, response_cls) in _METHODS.items():
+        handlers[method] = grpc.unary_unary_rpc_method_handler(
+            _refusing(getattr(servicer, method), response_cls, method),
+            request_deserializer=_bounded_deserializer(request_cls, limits[method]),
+            response_serializer=response_cls.SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("ftis.v1.Swarm", handlers),)
+    )
+    if hasattr(server, "add_registered_method_handlers"):
+        server.add_registered_method_handlers("ftis.v1.Swarm", handlers)

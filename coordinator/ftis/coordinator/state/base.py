@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
+from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
 from ftis.tasks.source import TaskEntry
 
 
@@ -47,6 +48,30 @@ class NodeRecord:
     completion_tokens: int
     latest_metrics: dict[str, float] = field(default_factory=dict)
     latest_metrics_step: int = 0
+    #: Reputation evidence as stored (decayed to ``rep_updated_ms``), see reputation.py.
+    rep_good: float = 0.0
+    rep_bad: float = 0.0
+    rep_updated_ms: int = 0
+    #: Bundles stored but not relayed (updated on every evidence event).
+    quarantined: bool = False
+
+    @property
+    def standing(self) -> Standing:
+        return Standing(self.rep_good, self.rep_bad, self.rep_updated_ms, self.quarantined)
+
+
+@dataclass(frozen=True)
+class EvidenceRecord:
+    """One stored reputation observation (``weight`` as applied, before decay)."""
+
+    id: int
+    node_id: str
+    at_ms: int
+    kind: str
+    weight: float
+    detail: str
+    reporter_node_id: str
+    bundle_id: str
 
 
 @dataclass(frozen=True)
@@ -95,6 +120,8 @@ class NewBundle:
     size_bytes: int
     reward_mismatches: int
     policy_version: int
+    #: The coordinator checked text == decode(token_ids) with the sender's tokenizer.
+    text_verified: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,6 +145,11 @@ class BundleRecord:
     reward_mismatches: int
     policy_version: int
     stored_at_ms: int
+    text_verified: bool = False
+    #: The sender's reputation when the record was read for relaying (PullBundles).
+    sender_reputation: float = 0.5
+    #: The sender's stored evidence (filled by ``pull_bundles`` only).
+    sender_standing: Standing | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +167,7 @@ class StatsRecord:
     mean_verified_reward: float
     rejections_by_code: dict[int, int]
     bundle_bytes: int
+    quarantined_nodes: int = 0
 
 
 class State(abc.ABC):
@@ -239,6 +272,72 @@ class State(abc.ABC):
     @abc.abstractmethod
     def list_bundles(self, node_prefix: str = "", limit: int = 50) -> list[BundleRecord]:
         """Newest first, optionally only nodes whose id starts with ``node_prefix``."""
+
+    @abc.abstractmethod
+    def bundle_owners(self, bundle_ids: list[str]) -> dict[str, tuple[str, bool]]:
+        """``{bundle_id: (node_id, text_verified)}`` for the stored ones among ``bundle_ids``."""
+
+    @abc.abstractmethod
+    def count_text_unverified(self, node_id: str) -> tuple[int, int]:
+        """``(stored bundles, of which not text-verified)`` of one node."""
+
+    # -- tokenizers ------------------------------------------------------------
+    @abc.abstractmethod
+    def store_tokenizer(
+        self,
+        fingerprint: str,
+        tokenizer_json_gz: bytes,
+        vocab_size: int,
+        uploaded_by: str,
+        now_ms: int,
+    ) -> bool:
+        """Store an uploaded tokenizer; False (nothing changes) if already stored."""
+
+    @abc.abstractmethod
+    def get_tokenizer(self, fingerprint: str) -> bytes | None:
+        """The gzip'd ``tokenizer.json`` with this fingerprint, or ``None``."""
+
+    @abc.abstractmethod
+    def has_tokenizer(self, fingerprint: str) -> bool:
+        """Whether a tokenizer with this fingerprint was uploaded."""
+
+    # -- reputation ------------------------------------------------------------
+    @abc.abstractmethod
+    def apply_evidence(
+        self, node_id: str, events: list[Evidence], now_ms: int, cfg: ReputationConfig
+    ) -> NodeRecord:
+        """In one transaction: decay the node's evidence to ``now_ms``, add ``events``,
+        update its ``quarantined`` flag and append one evidence row per event.
+        Raises FtisError NODE_UNKNOWN."""
+
+    @abc.abstractmethod
+    def list_evidence(self, node_id: str, limit: int = 50) -> list[EvidenceRecord]:
+        """A node's evidence rows, newest first."""
+
+    @abc.abstractmethod
+    def feedback_used(self, reporter_id: str, sender_id: str, since_ms: int) -> tuple[float, float]:
+        """``(positive, negative)`` feedback weight (magnitudes) ``reporter_id`` put on
+        ``sender_id`` since ``since_ms``."""
+
+    @abc.abstractmethod
+    def store_proof(
+        self, node_id: str, bundle_id: str | None, code: int, envelope: bytes, now_ms: int
+    ) -> int:
+        """Keep a signed inconsistent envelope as proof; returns the proof id."""
+
+    @abc.abstractmethod
+    def reset_bad_evidence(self, node_id: str, now_ms: int) -> NodeRecord:
+        """Set the node's bad evidence to 0 and lift its quarantine (operator unban);
+        appends an ``operator_reset`` evidence row."""
+
+    # -- settings ----------------------------------------------------------------
+    @abc.abstractmethod
+    def get_setting(self, key: str) -> str | None:
+        """A persisted setting (JSON text), or ``None``."""
+
+    @abc.abstractmethod
+    def put_setting(self, key: str, value: str, now_ms: int) -> None:
+        """Persist a setting."""
 
     # -- metrics and stats -----------------------------------------------------
     @abc.abstractmethod

@@ -9,6 +9,7 @@ writer anyway, and the in-memory database shares one connection).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import threading
@@ -26,19 +27,26 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
+    case,
     create_engine,
     event,
     func,
+    inspect,
+    or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+from ftis.coordinator import reputation
+from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
 from ftis.coordinator.state.base import (
     BundleRecord,
     DatabaseError,
+    EvidenceRecord,
     LeaseRecord,
     NewBundle,
     NodeRecord,
@@ -76,6 +84,20 @@ class NodeRow(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     latest_metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     latest_metrics_step: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ReputationRow(Base):
+    """A node's reputation (reputation.py): evidence decayed to ``updated_ms`` and the
+    quarantine flag, kept current on every evidence event so that relay filtering is
+    one query. A separate table so that a rejected submission leaves ``nodes`` as is."""
+
+    __tablename__ = "reputation"
+
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), primary_key=True)
+    good: Mapped[float] = mapped_column(Float, default=0.0)
+    bad: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_ms: Mapped[int] = mapped_column(BigInteger, default=0)
+    quarantined: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
 
 
 class LeaseRow(Base):
@@ -116,6 +138,8 @@ class BundleRow(Base):
     reward_mismatches: Mapped[int] = mapped_column(Integer)
     policy_version: Mapped[int] = mapped_column(BigInteger)
     stored_at_ms: Mapped[int] = mapped_column(BigInteger)
+    # text == decode(token_ids) was checked with the sender's uploaded tokenizer.
+    text_verified: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class VerdictRow(Base):
@@ -140,6 +164,78 @@ class MetricRow(Base):
     step: Mapped[int] = mapped_column(BigInteger)
     values: Mapped[dict[str, Any]] = mapped_column(JSON)
     at_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class TokenizerRow(Base):
+    """Uploaded tokenizers (gzip'd tokenizer.json), one per fingerprint."""
+
+    __tablename__ = "tokenizers"
+
+    fingerprint: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tokenizer_json_gz: Mapped[bytes] = mapped_column(LargeBinary)
+    vocab_size: Mapped[int] = mapped_column(BigInteger)
+    uploaded_by: Mapped[str] = mapped_column(String(64))
+    at_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class EvidenceRow(Base):
+    """Every reputation observation (weight as applied, before decay)."""
+
+    __tablename__ = "evidence"
+    __table_args__ = (Index("ix_evidence_feedback", "reporter_node_id", "node_id", "at_ms"),)
+
+    id: Mapped[int] = mapped_column(_Id, primary_key=True, autoincrement=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), index=True)
+    at_ms: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(64))
+    weight: Mapped[float] = mapped_column(Float)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    reporter_node_id: Mapped[str] = mapped_column(String(64), default="")
+    bundle_id: Mapped[str] = mapped_column(String(64), default="")
+
+
+class ProofRow(Base):
+    """Signed inconsistent envelopes (TEXT_MISMATCH, PROMPT_MISMATCH): proof of misbehaviour."""
+
+    __tablename__ = "proofs"
+
+    id: Mapped[int] = mapped_column(_Id, primary_key=True, autoincrement=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), index=True)
+    bundle_id: Mapped[str] = mapped_column(String(64), default="")
+    code: Mapped[int] = mapped_column(Integer)
+    envelope: Mapped[bytes] = mapped_column(LargeBinary)  # serialized SignedEnvelope
+    at_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class SettingRow(Base):
+    """Operator settings changed at run time (JSON values), e.g. the reputation policy."""
+
+    __tablename__ = "settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    at_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+#: Columns added after the first release: ``(table, column, SQL type, default)``;
+#: added to existing databases on open.
+_ADDED_COLUMNS = [
+    ("bundles", "text_verified", "BOOLEAN", "FALSE"),
+]
+
+
+def _add_missing_columns(engine: Any) -> None:
+    inspector = inspect(engine)
+    with engine.begin() as conn:
+        for table, column, sql_type, default in _ADDED_COLUMNS:
+            present = {c["name"] for c in inspector.get_columns(table)}
+            if column not in present:
+                conn.execute(
+                    text(
+                        f"ALTER TABLE {table} ADD COLUMN {column} {sql_type} "
+                        f"NOT NULL DEFAULT {default}"
+                    )
+                )
 
 
 def _encode_metrics(values: dict[str, float]) -> dict[str, float | str]:
@@ -188,6 +284,7 @@ class SqlState(State):
             if self.is_sqlite:
                 event.listen(self.engine, "connect", _sqlite_pragmas)
             Base.metadata.create_all(self.engine)
+            _add_missing_columns(self.engine)
         except (SQLAlchemyError, ImportError, ValueError) as exc:
             raise DatabaseError(f"cannot open database {url!r}: {exc}") from exc
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -208,6 +305,7 @@ class SqlState(State):
                 VerdictRow.node_id == row.node_id, VerdictRow.code != 0
             )
         )
+        rep = session.get(ReputationRow, row.node_id)
         return NodeRecord(
             node_id=row.node_id,
             public_key=row.public_key,
@@ -228,6 +326,10 @@ class SqlState(State):
             completion_tokens=row.completion_tokens,
             latest_metrics=_decode_metrics(row.latest_metrics),
             latest_metrics_step=row.latest_metrics_step,
+            rep_good=rep.good if rep is not None else 0.0,
+            rep_bad=rep.bad if rep is not None else 0.0,
+            rep_updated_ms=rep.updated_ms if rep is not None else row.registered_at_ms,
+            quarantined=bool(rep.quarantined) if rep is not None else False,
         )
 
     @staticmethod
@@ -266,6 +368,7 @@ class SqlState(State):
             reward_mismatches=row.reward_mismatches,
             policy_version=row.policy_version,
             stored_at_ms=row.stored_at_ms,
+            text_verified=bool(row.text_verified),
         )
 
     # -- nodes -------------------------------------------------------------------
@@ -299,6 +402,11 @@ class SqlState(State):
                     latest_metrics_step=0,
                 )
                 session.add(row)
+                session.add(
+                    ReputationRow(
+                        node_id=node_id, good=0.0, bad=0.0, updated_ms=now_ms, quarantined=False
+                    )
+                )
             row.display_name = display_name
             row.model_card = model_card
             row.fingerprint = fingerprint
@@ -425,6 +533,7 @@ class SqlState(State):
                     reward_mismatches=bundle.reward_mismatches,
                     policy_version=bundle.policy_version,
                     stored_at_ms=now_ms,
+                    text_verified=bundle.text_verified,
                 )
                 session.add(row)
                 session.execute(
@@ -490,14 +599,22 @@ class SqlState(State):
         with self._session() as session:
             max_seq = int(session.scalar(select(func.max(BundleRow.sequence))) or 0)
             query = (
-                select(BundleRow, LeaseRow.dataset)
+                select(
+                    BundleRow,
+                    LeaseRow.dataset,
+                    ReputationRow.good,
+                    ReputationRow.bad,
+                    ReputationRow.updated_ms,
+                )
                 .join(NodeRow, NodeRow.node_id == BundleRow.node_id)
                 .join(LeaseRow, LeaseRow.lease_id == BundleRow.lease_id)
+                .outerjoin(ReputationRow, ReputationRow.node_id == BundleRow.node_id)
                 .where(
                     BundleRow.sequence > cursor,
                     BundleRow.sequence <= max_seq,
                     BundleRow.node_id != requester_id,
                     NodeRow.banned.is_(False),
+                    or_(ReputationRow.quarantined.is_(None), ReputationRow.quarantined.is_(False)),
                 )
                 .order_by(BundleRow.sequence)
                 .limit(limit)
@@ -509,11 +626,14 @@ class SqlState(State):
             page: list[BundleRecord] = []
             used = 0
             full = False
-            for row, dataset in session.execute(query):
+            for row, dataset, good, bad, updated in session.execute(query):
                 if page and used + row.size_bytes > max_bytes:
                     full = True
                     break
-                page.append(self._bundle_record(row, dataset))
+                standing = Standing(float(good or 0), float(bad or 0), int(updated or 0))
+                page.append(
+                    dataclasses.replace(self._bundle_record(row, dataset), sender_standing=standing)
+                )
                 used += row.size_bytes
             if len(page) >= limit:
                 full = True
@@ -532,6 +652,208 @@ class SqlState(State):
             query = query.where(BundleRow.node_id.like(escaped + "%", escape="\\"))
         with self._session() as session:
             return [self._bundle_record(row, ds) for row, ds in session.execute(query)]
+
+    def bundle_owners(self, bundle_ids: list[str]) -> dict[str, tuple[str, bool]]:
+        if not bundle_ids:
+            return {}
+        with self._session() as session:
+            rows = session.execute(
+                select(BundleRow.bundle_id, BundleRow.node_id, BundleRow.text_verified).where(
+                    BundleRow.bundle_id.in_(list(set(bundle_ids)))
+                )
+            ).all()
+            return {b: (n, bool(t)) for b, n, t in rows}
+
+    def count_text_unverified(self, node_id: str) -> tuple[int, int]:
+        with self._session() as session:
+            total, unverified = session.execute(
+                select(
+                    func.count(BundleRow.sequence),
+                    func.coalesce(
+                        func.sum(case((BundleRow.text_verified.is_(False), 1), else_=0)), 0
+                    ),
+                ).where(BundleRow.node_id == node_id)
+            ).one()
+            return int(total), int(unverified)
+
+    # -- tokenizers ----------------------------------------------------------------
+    def store_tokenizer(
+        self,
+        fingerprint: str,
+        tokenizer_json_gz: bytes,
+        vocab_size: int,
+        uploaded_by: str,
+        now_ms: int,
+    ) -> bool:
+        try:
+            with self._session() as session:
+                if session.get(TokenizerRow, fingerprint) is not None:
+                    return False
+                session.add(
+                    TokenizerRow(
+                        fingerprint=fingerprint,
+                        tokenizer_json_gz=tokenizer_json_gz,
+                        vocab_size=vocab_size,
+                        uploaded_by=uploaded_by,
+                        at_ms=now_ms,
+                    )
+                )
+                return True
+        except IntegrityError:  # a concurrent upload of the same tokenizer
+            return False
+
+    def get_tokenizer(self, fingerprint: str) -> bytes | None:
+        with self._session() as session:
+            return session.scalar(
+                select(TokenizerRow.tokenizer_json_gz).where(
+                    TokenizerRow.fingerprint == fingerprint
+                )
+            )
+
+    def has_tokenizer(self, fingerprint: str) -> bool:
+        with self._session() as session:
+            found = session.scalar(
+                select(TokenizerRow.fingerprint).where(TokenizerRow.fingerprint == fingerprint)
+            )
+            return found is not None
+
+    # -- reputation ------------------------------------------------------------------
+    @staticmethod
+    def _reputation_row(session: Session, node: NodeRow) -> ReputationRow:
+        rep = session.get(ReputationRow, node.node_id, with_for_update=True)
+        if rep is None:  # nodes registered before the reputation table existed
+            rep = ReputationRow(
+                node_id=node.node_id,
+                good=0.0,
+                bad=0.0,
+                updated_ms=node.registered_at_ms,
+                quarantined=False,
+            )
+            session.add(rep)
+        return rep
+
+    def _locked_node(self, session: Session, node_id: str) -> NodeRow:
+        node = session.get(NodeRow, node_id, with_for_update=True)
+        if node is None:
+            raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {node_id[:64]!r}")
+        return node
+
+    def apply_evidence(
+        self, node_id: str, events: list[Evidence], now_ms: int, cfg: ReputationConfig
+    ) -> NodeRecord:
+        with self._session() as session:
+            node = self._locked_node(session, node_id)
+            rep = self._reputation_row(session, node)
+            new = reputation.apply(
+                Standing(rep.good, rep.bad, rep.updated_ms, bool(rep.quarantined)),
+                events,
+                now_ms,
+                node.bundles_accepted,
+                cfg,
+            )
+            rep.good, rep.bad = new.good, new.bad
+            rep.updated_ms, rep.quarantined = new.updated_at_ms, new.quarantined
+            session.add_all(
+                EvidenceRow(
+                    node_id=node_id,
+                    at_ms=now_ms,
+                    kind=e.kind,
+                    weight=float(e.weight),
+                    detail=e.detail[:2000],
+                    reporter_node_id=e.reporter_node_id,
+                    bundle_id=e.bundle_id,
+                )
+                for e in events
+            )
+            session.flush()
+            return self._node_record(session, node)
+
+    def list_evidence(self, node_id: str, limit: int = 50) -> list[EvidenceRecord]:
+        with self._session() as session:
+            rows = session.scalars(
+                select(EvidenceRow)
+                .where(EvidenceRow.node_id == node_id)
+                .order_by(EvidenceRow.id.desc())
+                .limit(limit)
+            ).all()
+            return [
+                EvidenceRecord(
+                    id=r.id,
+                    node_id=r.node_id,
+                    at_ms=r.at_ms,
+                    kind=r.kind,
+                    weight=r.weight,
+                    detail=r.detail,
+                    reporter_node_id=r.reporter_node_id,
+                    bundle_id=r.bundle_id,
+                )
+                for r in rows
+            ]
+
+    def feedback_used(self, reporter_id: str, sender_id: str, since_ms: int) -> tuple[float, float]:
+        positive = case((EvidenceRow.weight > 0, EvidenceRow.weight), else_=0.0)
+        negative = case((EvidenceRow.weight < 0, -EvidenceRow.weight), else_=0.0)
+        with self._session() as session:
+            pos, neg = session.execute(
+                select(
+                    func.coalesce(func.sum(positive), 0.0), func.coalesce(func.sum(negative), 0.0)
+                ).where(
+                    EvidenceRow.reporter_node_id == reporter_id,
+                    EvidenceRow.node_id == sender_id,
+                    EvidenceRow.kind == reputation.FEEDBACK,
+                    EvidenceRow.at_ms >= since_ms,
+                )
+            ).one()
+            return float(pos), float(neg)
+
+    def store_proof(
+        self, node_id: str, bundle_id: str | None, code: int, envelope: bytes, now_ms: int
+    ) -> int:
+        with self._session() as session:
+            row = ProofRow(
+                node_id=node_id,
+                bundle_id=bundle_id or "",
+                code=int(code),
+                envelope=envelope,
+                at_ms=now_ms,
+            )
+            session.add(row)
+            session.flush()
+            return int(row.id)
+
+    def reset_bad_evidence(self, node_id: str, now_ms: int) -> NodeRecord:
+        with self._session() as session:
+            node = self._locked_node(session, node_id)
+            rep = self._reputation_row(session, node)
+            removed = rep.bad
+            rep.bad = 0.0
+            rep.quarantined = False
+            session.add(
+                EvidenceRow(
+                    node_id=node_id,
+                    at_ms=now_ms,
+                    kind=reputation.OPERATOR_RESET,
+                    weight=0.0,
+                    detail=f"operator unban: bad evidence {removed:.3g} reset to 0",
+                    reporter_node_id="",
+                    bundle_id="",
+                )
+            )
+            session.flush()
+            return self._node_record(session, node)
+
+    # -- settings ----------------------------------------------------------------------
+    def get_setting(self, key: str) -> str | None:
+        with self._session() as session:
+            return session.scalar(select(SettingRow.value).where(SettingRow.key == key))
+
+    def put_setting(self, key: str, value: str, now_ms: int) -> None:
+        with self._session() as session:
+            row = session.get(SettingRow, key)
+            if row is None:
+                session.add(SettingRow(key=key, value=value, at_ms=now_ms))
+            else:
+                row.value, row.at_ms = value, now_ms
 
     # -- metrics and stats -----------------------------------------------------------
     def record_metrics(
@@ -568,6 +890,11 @@ class SqlState(State):
             banned = session.scalar(
                 select(func.count(NodeRow.node_id)).where(NodeRow.banned.is_(True))
             )
+            quarantined = session.scalar(
+                select(func.count(NodeRow.node_id))
+                .join(ReputationRow, ReputationRow.node_id == NodeRow.node_id)
+                .where(ReputationRow.quarantined.is_(True), NodeRow.banned.is_(False))
+            )
             outstanding = session.scalar(
                 select(func.count(LeaseRow.lease_id)).where(
                     LeaseRow.bundle_id.is_(None), LeaseRow.deadline_ms >= now_ms
@@ -595,6 +922,7 @@ class SqlState(State):
             mean_verified_reward=float(reward_sum) / int(completions) if completions else 0.0,
             rejections_by_code=by_code,
             bundle_bytes=int(size),
+            quarantined_nodes=int(quarantined or 0),
         )
 
     def close(self) -> None:

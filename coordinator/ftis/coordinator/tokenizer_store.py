@@ -1,0 +1,158 @@
+"""Uploaded tokenizers: validation of an upload and an LRU of loaded tokenizers.
+
+The coordinator checks bundle text against the sender's tokenizer (DESIGN.md §5: "text
+present and, where the coordinator knows the tokenizer, equal to the decoded tokens").
+Nodes upload their ``tokenizer.json`` gzip-compressed (``UploadTokenizer``); it is
+accepted only if
+
+1. the compressed size is at most ``max_tokenizer_gz_bytes``;
+2. it decompresses (bounded reader: at most ``max_tokenizer_json_bytes`` are ever
+   produced, so zip bombs cost nothing) to UTF-8 JSON;
+3. :func:`ftis.protocol.fingerprint.tokenizer_fingerprint` of that JSON equals the
+   fingerprint in the request and the node's registered model card;
+4. it loads with ``tokenizers.Tokenizer.from_str``.
+
+Text is compared with ``tokenizer.decode(token_ids, skip_special_tokens=False)`` of the
+``tokenizers`` backend: clients must produce completion text exactly that way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import logging
+import threading
+import zlib
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from ftis.protocol.errors import ErrorCode, FtisError
+from ftis.protocol.fingerprint import tokenizer_fingerprint
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tokenizers import Tokenizer
+
+    from ftis.coordinator.state.base import State
+
+log = logging.getLogger(__name__)
+
+
+def gunzip_bounded(data: bytes, max_bytes: int) -> bytes:
+    """Decompress gzip ``data``, producing at most ``max_bytes``.
+
+    Raises:
+        FtisError: TOKENIZER_INVALID if ``data`` is not gzip or inflates beyond
+            ``max_bytes``.
+    """
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as stream:
+            out = stream.read(max_bytes + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise FtisError(ErrorCode.TOKENIZER_INVALID, f"not valid gzip data: {exc}") from None
+    if len(out) > max_bytes:
+        raise FtisError(
+            ErrorCode.TOKENIZER_INVALID,
+            f"tokenizer.json inflates beyond the limit of {max_bytes} bytes",
+        )
+    return out
+
+
+def load_tokenizer(json_text: str) -> Tokenizer:
+    """``tokenizers.Tokenizer.from_str``; TOKENIZER_INVALID if it does not load."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(json_text)
+    except Exception as exc:  # the Rust binding raises plain Exception subclasses
+        raise FtisError(
+            ErrorCode.TOKENIZER_INVALID, f"tokenizer.json does not load: {str(exc)[:200]}"
+        ) from None
+
+
+def check_upload(
+    gz: bytes,
+    fingerprint: str,
+    registered_fingerprint: str,
+    *,
+    max_gz_bytes: int,
+    max_json_bytes: int,
+) -> tuple[Tokenizer, int]:
+    """Validate an upload (rules 1-4 of the module docstring).
+
+    Returns:
+        ``(tokenizer, vocab_size)`` with the vocabulary size including added tokens.
+
+    Raises:
+        FtisError: TOKENIZER_INVALID.
+    """
+    if len(gz) > max_gz_bytes:
+        raise FtisError(
+            ErrorCode.TOKENIZER_INVALID,
+            f"compressed tokenizer is {len(gz)} bytes, limit {max_gz_bytes}",
+        )
+    if fingerprint != registered_fingerprint:
+        raise FtisError(
+            ErrorCode.TOKENIZER_INVALID,
+            "fingerprint differs from the registered model card; re-register first",
+        )
+    raw = gunzip_bounded(gz, max_json_bytes)
+    try:
+        text = raw.decode("utf-8")
+        actual = tokenizer_fingerprint(text)
+    except (UnicodeDecodeError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise FtisError(
+            ErrorCode.TOKENIZER_INVALID, f"not a tokenizer.json document: {str(exc)[:200]}"
+        ) from None
+    if actual != fingerprint:
+        raise FtisError(
+            ErrorCode.TOKENIZER_INVALID,
+            f"uploaded tokenizer has fingerprint {actual}, expected {fingerprint}",
+        )
+    tokenizer = load_tokenizer(text)
+    return tokenizer, int(tokenizer.get_vocab_size(with_added_tokens=True))
+
+
+class TokenizerCache:
+    """LRU of loaded tokenizers by fingerprint, backed by the ``tokenizers`` table.
+
+    Args:
+        state: where uploaded tokenizers are stored.
+        capacity: tokenizers kept loaded.
+        max_json_bytes: bound when decompressing a stored tokenizer.
+    """
+
+    def __init__(self, state: State, capacity: int = 8, max_json_bytes: int = 64 << 20) -> None:
+        self.state = state
+        self.capacity = max(1, capacity)
+        self.max_json_bytes = max_json_bytes
+        self._loaded: OrderedDict[str, Tokenizer] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, fingerprint: str, tokenizer: Tokenizer) -> None:
+        with self._lock:
+            self._loaded[fingerprint] = tokenizer
+            self._loaded.move_to_end(fingerprint)
+            while len(self._loaded) > self.capacity:
+                self._loaded.popitem(last=False)
+
+    def get(self, fingerprint: str) -> Tokenizer | None:
+        """The tokenizer with this fingerprint, or ``None`` if none was uploaded."""
+        with self._lock:
+            tokenizer = self._loaded.get(fingerprint)
+            if tokenizer is not None:
+                self._loaded.move_to_end(fingerprint)
+                return tokenizer
+        gz = self.state.get_tokenizer(fingerprint)
+        if gz is None:
+            return None
+        tokenizer = load_tokenizer(gunzip_bounded(gz, self.max_json_bytes).decode("utf-8"))
+        self.put(fingerprint, tokenizer)
+        return tokenizer
+
+    def __len__(self) -> int:
+        return len(self._loaded)
+
+
+def decode(tokenizer: Tokenizer, token_ids: list[int]) -> str:
+    """``tokenizer.decode(ids, skip_special_tokens=False)``, the text clients must send."""
+    return tokenizer.decode(list(token_ids), skip_special_tokens=False)

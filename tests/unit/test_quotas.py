@@ -1,0 +1,197 @@
+"""Quotas: token buckets, per-node bundle/byte/pull limits, registration throttling of
+new node ids, request size limits checked before decoding, and the config surface."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from coordinator_helpers import (
+    FakeClock,
+    FakeContext,
+    build_bundle,
+    make_config,
+    make_coordinator,
+    model_card,
+    register,
+    register_envelope,
+    seal_bundle,
+    snapshot,
+)
+
+from ftis.coordinator.cli.main import parse_overrides
+from ftis.coordinator.config import CoordinatorConfig, load_config
+from ftis.coordinator.quotas import RateLimiter, peer_host
+from ftis.coordinator.server.swarm_service import (
+    SwarmService,
+    _bounded_deserializer,
+    _refusing,
+)
+from ftis.protocol.errors import ErrorCode, FtisError
+from ftis.protocol.identity import NodeIdentity
+from ftis.v1 import swarm_pb2
+
+
+class Seconds:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_bucket_burst_and_refill() -> None:
+    clock = Seconds()
+    limiter = RateLimiter(6, period_s=60, clock=clock)
+    assert [limiter.try_take("a") for _ in range(7)] == [True] * 6 + [False]
+    assert limiter.try_take("b")  # keys are independent
+    clock.now += 10  # 6 per minute = one every 10 s
+    assert limiter.try_take("a") and not limiter.try_take("a")
+    clock.now += 3600
+    assert limiter.available("a") == 6  # never above capacity
+    assert limiter.try_take("a", 100)  # larger than capacity: clamped, needs a full bucket
+    assert not limiter.try_take("a")
+
+
+@pytest.mark.parametrize(
+    ("peer", "host"),
+    [
+        ("ipv4:10.1.2.3:5555", "10.1.2.3"),
+        ("ipv6:[2001:db8:1:2:3:4:5:6]:443", "2001:db8:1:2::/64"),
+        ("ipv6:[::ffff:10.0.0.1]:80", "10.0.0.1"),
+        ("unix:/tmp/socket", "unix"),
+        ("", ""),
+    ],
+)
+def test_peer_host_strips_the_port(peer, host) -> None:
+    assert peer_host(peer) == host
+
+
+def _code(fn, *args) -> int:
+    with pytest.raises(FtisError) as info:
+        fn(*args)
+    return info.value.code
+
+
+def test_bundles_per_minute(monkeypatch) -> None:
+    clock = FakeClock()
+    coord = make_coordinator(clock, bundles_per_minute=2)
+    node = register(coord)
+    leases = coord.lease_tasks(node.node_id, 4, 2, 16)
+    envelopes = [seal_bundle(build_bundle(x, node), node) for x in leases]
+    coord.submit_bundle(envelopes[0])
+    coord.submit_bundle(envelopes[1])
+    before = snapshot(coord)
+    # checked right after the sender is known: the lease and structure are never looked at
+    monkeypatch.setattr(coord.state, "get_lease_by_task", None)
+    assert _code(coord.submit_bundle, envelopes[2]) == ErrorCode.RATE_LIMITED
+    monkeypatch.undo()
+    assert snapshot(coord) == before
+    assert coord.evidence(node.node_id)[0].kind == "rate_limited"
+    assert coord.evidence(node.node_id)[0].weight == -0.5
+    assert coord.state.rejections_by_code(node.node_id) == {ErrorCode.RATE_LIMITED: 1}
+    clock.advance(30)
+    coord.submit_bundle(envelopes[2])
+    other = register(coord)  # per node
+    (lease,) = coord.lease_tasks(other.node_id, 1, 2, 16)
+    coord.submit_bundle(seal_bundle(build_bundle(lease, other), other))
+
+
+def test_bundle_bytes_per_minute() -> None:
+    clock = FakeClock()
+    coord = make_coordinator(clock, bundle_bytes_per_minute=4096)
+    node = register(coord)
+    leases = coord.lease_tasks(node.node_id, 3, 2, 256)
+    big = [seal_bundle(build_bundle(x, node, n_tokens=120), node) for x in leases]
+    assert 1500 < big[0].ByteSize() < 2048
+    coord.submit_bundle(big[0])
+    coord.submit_bundle(big[1])
+    assert _code(coord.submit_bundle, big[2]) == ErrorCode.RATE_LIMITED
+
+
+def test_unknown_sender_is_not_rate_limited_but_unknown() -> None:
+    coord = make_coordinator(FakeClock(), bundles_per_minute=1)
+    node = register(coord)
+    (lease,) = coord.lease_tasks(node.node_id, 1, 2, 16)
+    stranger = NodeIdentity.generate()
+    for _ in range(3):
+        envelope = seal_bundle(build_bundle(lease, stranger), stranger)
+        assert _code(coord.submit_bundle, envelope) == ErrorCode.NODE_UNKNOWN
+    coord.submit_bundle(seal_bundle(build_bundle(lease, node), node))
+
+
+def test_pulls_per_minute() -> None:
+    clock = FakeClock()
+    coord = make_coordinator(clock, pulls_per_minute=3)
+    node = register(coord)
+    for _ in range(3):
+        coord.pull_bundles(node.node_id, 0, 8)
+    assert _code(coord.pull_bundles, node.node_id, 0, 8) == ErrorCode.RATE_LIMITED
+    clock.advance(20)
+    coord.pull_bundles(node.node_id, 0, 8)
+
+
+def _register_via(service: SwarmService, identity: NodeIdentity, peer: str, now: int) -> int:
+    request = swarm_pb2.RegisterRequest(envelope=register_envelope(identity, model_card(), now))
+    return service.Register(request, FakeContext(peer)).error.code
+
+
+def test_registration_throttling_of_new_node_ids() -> None:
+    clock = FakeClock()
+    coord = make_coordinator(clock, registrations_per_minute=5, registrations_per_host_per_minute=2)
+    service = SwarmService(coord)
+    known = NodeIdentity.generate()
+    assert _register_via(service, known, "ipv4:10.0.0.1:1000", clock.now_ms) == 0
+    assert _register_via(service, NodeIdentity.generate(), "ipv4:10.0.0.1:1001", clock.now_ms) == 0
+    # third new id from the same host (any port) in a minute
+    assert _register_via(service, NodeIdentity.generate(), "ipv4:10.0.0.1:1002", clock.now_ms) == (
+        ErrorCode.REGISTRATION_THROTTLED
+    )
+    # re-registration of a known node is never throttled
+    for _ in range(5):
+        assert _register_via(service, known, "ipv4:10.0.0.1:1003", clock.now_ms) == 0
+    # other hosts until the global limit (5 new ids per minute)
+    for host in ("10.0.0.2", "10.0.0.3", "10.0.0.4"):
+        assert _register_via(service, NodeIdentity.generate(), f"ipv4:{host}:9", clock.now_ms) == 0
+    assert _register_via(service, NodeIdentity.generate(), "ipv4:10.0.0.5:9", clock.now_ms) == (
+        ErrorCode.REGISTRATION_THROTTLED
+    )
+    assert len(coord.state.list_nodes()) == 5
+    clock.advance(30)  # 2.5 global and 1 per-host tokens back
+    assert _register_via(service, NodeIdentity.generate(), "ipv4:10.0.0.1:9", clock.now_ms) == 0
+
+
+def test_request_size_is_checked_before_decoding() -> None:
+    decode = _bounded_deserializer(swarm_pb2.HeartbeatRequest, 64)
+    small = swarm_pb2.HeartbeatRequest(node_id="a" * 10).SerializeToString()
+    assert decode(small).node_id == "a" * 10
+    garbage = b"\xff" * 65  # would not even parse
+    refused = decode(garbage)
+    handler = _refusing(lambda r, c: pytest.fail("decoded"), swarm_pb2.HeartbeatResponse, "X")
+    reply = handler(refused, None)
+    assert reply.error.code == ErrorCode.REQUEST_TOO_LARGE and "65" in reply.error.reason
+
+
+def test_limits_in_config_env_and_cli(monkeypatch, tmp_path) -> None:
+    cfg = CoordinatorConfig(db="sqlite://")
+    assert (cfg.bundles_per_minute, cfg.pulls_per_minute) == (120, 600)
+    assert cfg.bundle_bytes_per_minute == 64 << 20
+    assert (cfg.registrations_per_minute, cfg.registrations_per_host_per_minute) == (30, 10)
+    assert cfg.max_tokenizer_gz_bytes == 32 << 20 and cfg.max_tokenizer_json_bytes == 64 << 20
+    assert cfg.require_tokenizer is True
+    limits = cfg.method_request_limits
+    assert limits["Heartbeat"] == 1 << 20 and limits["UploadTokenizer"] > 32 << 20
+    assert cfg.grpc_max_receive_bytes == limits["UploadTokenizer"]
+    monkeypatch.setenv("FTIS_COORDINATOR_PULLS_PER_MINUTE", "42")
+    monkeypatch.setenv("FTIS_COORDINATOR_REPUTATION", json.dumps({"half_life_s": 60}))
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"bundles_per_minute": 7, "require_tokenizer": False}))
+    overrides = parse_overrides(["registrations_per_minute=3", "reputation.half_life_s=90"])
+    loaded = load_config(path, **overrides)
+    assert (loaded.pulls_per_minute, loaded.bundles_per_minute) == (42, 7)
+    assert loaded.registrations_per_minute == 3 and loaded.reputation.half_life_s == 90
+    assert loaded.require_tokenizer is False
+    with pytest.raises(ValueError):
+        parse_overrides(["no-equals-sign"])
+    with pytest.raises(ValueError):
+        make_config(bundles_per_minute=0)

@@ -1,0 +1,326 @@
+"""Reputation: the Beta score with decay (pure functions), evidence from submissions,
+quarantine with probation and hysteresis, receiver feedback (weighting, cap, invalid and
+false reports), the admin surface and persistence of the policy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from coordinator_helpers import (
+    FakeClock,
+    build_bundle,
+    load_tokenizer,
+    make_coordinator,
+    register,
+    register_with_tokenizer,
+    seal_bundle,
+)
+
+from ftis.coordinator import reputation as rep
+from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
+from ftis.coordinator.server.admin_service import AdminService
+from ftis.protocol.errors import ErrorCode, FtisError
+from ftis.protocol.identity import NodeIdentity
+from ftis.v1 import admin_pb2, swarm_pb2
+
+HOUR_MS = 3600 * 1000
+
+# -- pure functions ----------------------------------------------------------------------
+
+
+def test_score_and_decay() -> None:
+    assert rep.score(0, 0) == 0.5
+    assert rep.score(8, 0) == 0.9
+    assert rep.score(0, 2) == 0.25
+    cfg = ReputationConfig(half_life_s=3600)
+    standing = Standing(good=8, bad=4, updated_at_ms=0)
+    assert rep.decayed(standing, HOUR_MS, 3600) == (4.0, 2.0)
+    assert rep.decayed(standing, -5, 3600) == (8.0, 4.0)  # clock going back: no growth
+    later = rep.apply(standing, [Evidence("x", 1.0), Evidence("y", -0.5)], 2 * HOUR_MS, 10, cfg)
+    assert (later.good, later.bad, later.updated_at_ms) == (3.0, 1.5, 2 * HOUR_MS)
+    assert rep.current_score(later, 2 * HOUR_MS, 3600) == pytest.approx(4 / 6.5)
+
+
+def test_thresholds_probation_and_hysteresis() -> None:
+    cfg = ReputationConfig()
+    assert rep.threshold(4, cfg) == 0.45 and rep.on_probation(4, cfg)
+    assert rep.threshold(5, cfg) == 0.3 and not rep.on_probation(5, cfg)
+    assert rep.next_quarantined(False, 0.44, 0, cfg) is True
+    assert rep.next_quarantined(False, 0.44, 5, cfg) is False
+    assert rep.next_quarantined(True, 0.32, 5, cfg) is True  # not above 0.3 + 0.05 yet
+    assert rep.next_quarantined(True, 0.36, 5, cfg) is False
+
+
+def test_feedback_rules() -> None:
+    cfg = ReputationConfig()
+
+    def negative(**kw):
+        values = dict(text_mismatches=0, invalid_bundles=0, mean_log_ratio=0.0, filtered_frac=0.0)
+        values.update(kw)
+        return rep.feedback_is_negative(cfg=cfg, **values)
+
+    assert not negative()
+    assert not negative(mean_log_ratio=-1.5, filtered_frac=0.5)
+    assert negative(mean_log_ratio=1.51) and negative(mean_log_ratio=-1.6)
+    assert negative(filtered_frac=0.51) and negative(text_mismatches=1)
+    assert negative(invalid_bundles=1)
+    assert rep.feedback_weight(True, 0.8, cfg) == -0.4
+    assert rep.capped(-0.4, 1.8, cfg) == pytest.approx(-0.2)
+    assert rep.capped(-0.4, 2.5, cfg) == 0.0
+    assert rep.capped(0.3, 0.0, cfg) == 0.3
+
+
+def test_config_validation() -> None:
+    for bad in (
+        {"quarantine_threshold": 1.5},
+        {"half_life_s": 0},
+        {"probation_bundles": -1},
+        {"feedback_weight": math.nan},
+        {"log_ratio_tolerance": 0},
+    ):
+        with pytest.raises(ValueError):
+            ReputationConfig(**bad)
+    assert ReputationConfig.from_dict({"half_life_s": 60, "unknown": 1}).half_life_s == 60
+
+
+# -- evidence from submissions -------------------------------------------------------------
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def coord(clock):
+    return make_coordinator(clock, reputation={"half_life_s": 3600})
+
+
+def _submit(coord, node, n: int = 1, **kwargs) -> list:
+    records = []
+    for lease in coord.lease_tasks(node.node_id, n, 2, 64):
+        records.append(coord.submit_bundle(seal_bundle(build_bundle(lease, node, **kwargs), node)))
+    return records
+
+
+def _score(coord, node) -> float:
+    return coord.reputation_of(coord.state.get_node(node.node_id))
+
+
+def _relayed_senders(coord, reader) -> set[str]:
+    page, _ = coord.pull_bundles(reader.node_id, 0, 64)
+    return {b.node_id for b in page}
+
+
+def test_verified_bundles_build_reputation(coord) -> None:
+    node = register(coord)
+    _submit(coord, node, 3)
+    assert _score(coord, node) == pytest.approx(4 / 5)
+    kinds = [e.kind for e in coord.evidence(node.node_id)]
+    assert kinds == ["bundle_verified"] * 3
+
+
+def test_reputation_decays_toward_one_half(coord, clock) -> None:
+    node = register(coord)
+    _submit(coord, node, 4)
+    clock.advance(3600)  # one half-life: good 4 -> 2
+    assert _score(coord, node) == pytest.approx(3 / 4)
+
+
+def test_reward_liar_is_quarantined_stored_but_not_relayed_then_recovers(coord) -> None:
+    liar, reader = register(coord), register(coord)
+    (record,) = _submit(coord, liar, claimed=[0.0, 1.0])  # both claims false
+    assert record.reward_mismatches == 2 and record.verified_rewards == [1.0, 0.0]
+    node = coord.state.get_node(liar.node_id)
+    assert node.quarantined and node.bundles_accepted == 1  # stored and acknowledged
+    assert _score(coord, liar) == pytest.approx(1 / 6)  # -2 per mismatch
+    assert _relayed_senders(coord, reader) == set()
+    assert coord.state.stats(coord.clock(), 1).quarantined_nodes == 1
+    # honest bundles lift it again: probation threshold 0.45, leaves above 0.5
+    _submit(coord, liar, 3)
+    assert coord.state.get_node(liar.node_id).quarantined  # E = 4/9 = 0.44
+    _submit(coord, liar, 3)
+    assert _score(coord, liar) == pytest.approx(7 / 12)
+    assert not coord.state.get_node(liar.node_id).quarantined
+    assert _relayed_senders(coord, reader) == {liar.node_id}
+
+
+def test_relayed_bundles_carry_sender_reputation(coord) -> None:
+    sender, reader = register(coord), register(coord)
+    _submit(coord, sender, 2)
+    page, _ = coord.pull_bundles(reader.node_id, 0, 64)
+    assert [b.sender_reputation for b in page] == [pytest.approx(0.75)] * 2
+
+
+def test_rejection_weights(coord, clock) -> None:
+    node = register(coord)
+    leases = coord.lease_tasks(node.node_id, 3, 2, 64)
+    first = seal_bundle(build_bundle(leases[0], node), node)
+    coord.submit_bundle(first)
+    with pytest.raises(FtisError):
+        coord.submit_bundle(first)  # BUNDLE_REPLAYED: -1
+    bad = build_bundle(leases[1], node)
+    bad.completions[0].logprobs[0] = 1.0
+    with pytest.raises(FtisError):
+        coord.submit_bundle(seal_bundle(bad, node))  # LOGPROB_POSITIVE: -1
+    clock.advance(601)
+    with pytest.raises(FtisError):
+        coord.submit_bundle(seal_bundle(build_bundle(leases[2], node), node))  # -0.25
+    forged = seal_bundle(build_bundle(leases[2], node), NodeIdentity.generate())
+    forged.public_key = node.public_key
+    with pytest.raises(FtisError):
+        coord.submit_bundle(forged)  # signature invalid: not charged to the node
+    evidence = [(e.kind, e.weight) for e in coord.evidence(node.node_id)]
+    assert evidence == [
+        ("lease_expired", -0.25),
+        ("rejected", -1.0),
+        ("replayed", -1.0),
+        ("bundle_verified", 1.0),
+    ]
+
+
+# -- receiver feedback ----------------------------------------------------------------------
+
+
+def _feedback(sender, bundle_ids=(), **kwargs) -> swarm_pb2.SenderFeedback:
+    return swarm_pb2.SenderFeedback(
+        sender_node_id=sender.node_id, groups=1, tokens=10, bundle_ids=list(bundle_ids), **kwargs
+    )
+
+
+def _report(coord, reporter, *feedback) -> None:
+    coord.report_metrics(reporter.node_id, 1, {"loss": 0.1}, list(feedback))
+
+
+def test_feedback_is_weighted_by_the_reporter(coord) -> None:
+    sender, reporter = register(coord), register(coord)
+    (record,) = _submit(coord, sender)
+    _submit(coord, reporter, 3)  # reporter score 0.8
+    _report(coord, reporter, _feedback(sender, [record.bundle_id], mean_log_ratio=0.1))
+    (event, _) = coord.evidence(sender.node_id)
+    assert event.kind == "feedback" and event.weight == pytest.approx(0.5 * 0.8)
+    assert event.reporter_node_id == reporter.node_id and event.bundle_id == record.bundle_id
+    _report(coord, reporter, _feedback(sender, mean_log_ratio=2.0))
+    assert coord.evidence(sender.node_id)[0].weight == pytest.approx(-0.4)
+
+
+def test_one_false_reporter_cannot_sink_a_node_with_history(coord, clock) -> None:
+    honest, liar, reader = register(coord), register(coord), register(coord)
+    _submit(coord, honest, 5)  # past probation, E = 6/7
+    _submit(coord, liar, 5)
+    for _ in range(100):
+        _report(coord, liar, _feedback(honest, invalid_bundles=3, filtered_frac=1.0))
+    node = coord.state.get_node(honest.node_id)
+    assert node.rep_bad == pytest.approx(2.0)  # feedback_cap per half-life
+    assert not node.quarantined and _score(coord, honest) > 0.6
+    assert honest.node_id in _relayed_senders(coord, reader)
+    capped = coord.evidence(honest.node_id)[0]
+    assert capped.weight == 0.0 and "capped" in capped.detail
+    clock.advance(3601)  # a new half-life window: the reporter may weigh in again
+    _report(coord, liar, _feedback(honest, invalid_bundles=1))
+    assert coord.evidence(honest.node_id)[0].weight < 0
+
+
+@pytest.mark.parametrize("case", ["unknown", "self", "no-bundle", "foreign", "nan", "negative"])
+def test_invalid_feedback_is_refused_and_charged_to_the_reporter(coord, case) -> None:
+    sender, other, reporter = register(coord), register(coord), register(coord)
+    (theirs,) = _submit(coord, other)
+    feedback = {
+        "unknown": _feedback(NodeIdentity.generate()),
+        "self": _feedback(reporter),
+        "no-bundle": _feedback(sender, ["ab" * 32]),
+        "foreign": _feedback(sender, [theirs.bundle_id]),
+        "nan": _feedback(sender, mean_log_ratio=math.nan),
+        "negative": _feedback(sender, text_mismatches=-1),
+    }[case]
+    with pytest.raises(FtisError) as info:
+        _report(coord, reporter, feedback)
+    assert info.value.code == ErrorCode.FEEDBACK_INVALID
+    (event,) = coord.evidence(reporter.node_id)
+    assert (event.kind, event.weight) == ("feedback_invalid", -1.0)
+    assert coord.evidence(sender.node_id) == []
+    assert coord.state.get_node(reporter.node_id).latest_metrics == {}  # nothing stored
+
+
+def test_false_text_mismatch_report_is_charged_and_ignored(clock) -> None:
+    coord = make_coordinator(clock, require_tokenizer=True)
+    sender, reporter = register_with_tokenizer(coord), register_with_tokenizer(coord)
+    (lease,) = coord.lease_tasks(sender.node_id, 1, 2, 64)
+    record = coord.submit_bundle(
+        seal_bundle(build_bundle(lease, sender, tokenizer=load_tokenizer()), sender)
+    )
+    assert record.text_verified
+    _report(coord, reporter, _feedback(sender, [record.bundle_id], text_mismatches=2))
+    _report(coord, reporter, _feedback(sender, text_mismatches=1))  # all its bundles verified
+    assert [e.kind for e in coord.evidence(reporter.node_id)] == ["false_report"] * 2
+    assert coord.evidence(reporter.node_id)[0].weight == -3.0
+    assert [e.kind for e in coord.evidence(sender.node_id)] == ["bundle_verified"]
+
+
+def test_text_mismatch_report_counts_when_the_coordinator_could_not_check(coord) -> None:
+    sender, reporter = register(coord), register(coord)  # no tokenizer: text unverified
+    (record,) = _submit(coord, sender)
+    assert not record.text_verified
+    _report(coord, reporter, _feedback(sender, [record.bundle_id], text_mismatches=1))
+    assert coord.evidence(sender.node_id)[0].weight == pytest.approx(-0.25)
+    assert coord.evidence(reporter.node_id) == []
+
+
+# -- admin, unban, persistence ---------------------------------------------------------------
+
+
+def test_admin_views_and_unban_clears_quarantine(coord) -> None:
+    admin = AdminService(coord)
+    node, reader = register(coord), register(coord)
+    _submit(coord, node, claimed=[0.0, 1.0])
+    shown = admin.GetNode(admin_pb2.GetNodeRequest(node_id=node.node_id[:10]), None)
+    assert shown.error.code == 0
+    info = shown.node
+    assert info.quarantined and info.probation and info.reputation == pytest.approx(1 / 6)
+    assert (info.evidence_good, info.evidence_bad) == (0.0, 4.0)
+    assert [(e.kind, e.weight) for e in shown.evidence] == [("reward_mismatch", -4.0)]
+    assert admin.Stats(admin_pb2.StatsRequest(), None).quarantined_nodes == 1
+    listed = admin.ListNodes(admin_pb2.ListNodesRequest(), None).nodes
+    assert {n.node_id: n.quarantined for n in listed} == {node.node_id: True, reader.node_id: False}
+    unbanned = admin.UnbanNode(admin_pb2.UnbanNodeRequest(node_id=node.node_id), None).node
+    assert not unbanned.quarantined and unbanned.evidence_bad == 0.0
+    assert _relayed_senders(coord, reader) == {node.node_id}
+    assert coord.evidence(node.node_id)[0].kind == "operator_reset"
+
+
+def test_get_node_returns_newest_50_evidence_rows(coord) -> None:
+    node = register(coord)
+    _submit(coord, node, 55)
+    shown = AdminService(coord).GetNode(admin_pb2.GetNodeRequest(node_id=node.node_id), None)
+    assert len(shown.evidence) == 50 and not shown.node.probation
+
+
+def test_set_reputation_config_validates_persists_and_reevaluates(tmp_path, clock) -> None:
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    coord = make_coordinator(clock, db=db)
+    admin = AdminService(coord)
+    node = register(coord)
+    current = admin.GetReputationConfig(admin_pb2.GetReputationConfigRequest(), None).config
+    assert current.quarantine_threshold == 0.3 and current.probation_bundles == 5
+    bad = admin_pb2.ReputationConfig()
+    bad.CopyFrom(current)
+    bad.half_life_s = -1
+    reply = admin.SetReputationConfig(admin_pb2.SetReputationConfigRequest(config=bad), None)
+    assert reply.error.code == ErrorCode.REQUEST_INVALID
+    bad.half_life_s, bad.quarantine_threshold = 60, 2.0
+    reply = admin.SetReputationConfig(admin_pb2.SetReputationConfigRequest(config=bad), None)
+    assert reply.error.code == ErrorCode.REQUEST_INVALID
+    assert coord.reputation_config == ReputationConfig()
+    stricter = admin_pb2.ReputationConfig()
+    stricter.CopyFrom(current)
+    stricter.probation_threshold = 0.6  # a fresh node (E = 0.5) is now below it
+    stricter.auto_ban_on_proof = False
+    reply = admin.SetReputationConfig(admin_pb2.SetReputationConfigRequest(config=stricter), None)
+    assert reply.error.code == 0 and reply.config.probation_threshold == 0.6
+    assert coord.state.get_node(node.node_id).quarantined
+    coord.state.close()
+    restarted = make_coordinator(clock, db=db)
+    cfg = restarted.reputation_config
+    assert cfg.probation_threshold == 0.6 and cfg.auto_ban_on_proof is False
+    assert cfg.feedback_cap == 2.0  # settings outside the admin message are kept

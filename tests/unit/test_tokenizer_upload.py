@@ -1,0 +1,289 @@
+"""Tokenizer upload (size, zip bomb, fingerprints, loading, idempotence) and the text
+checks it enables: text == decode(token_ids), decoded prompt contains the question."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from coordinator_helpers import (
+    VOCAB,
+    FakeClock,
+    FakeContext,
+    build_bundle,
+    load_tokenizer,
+    make_coordinator,
+    model_card,
+    register,
+    register_envelope,
+    register_with_tokenizer,
+    seal_bundle,
+    snapshot,
+    tokenizer_fp,
+    tokenizer_gz,
+    tokenizer_json,
+)
+
+from ftis.coordinator.server.swarm_service import SwarmService
+from ftis.coordinator.state.sql import Base
+from ftis.coordinator.tokenizer_store import gunzip_bounded
+from ftis.coordinator.verify import check_text
+from ftis.protocol.errors import ErrorCode, FtisError
+from ftis.protocol.fingerprint import tokenizer_fingerprint
+from ftis.protocol.identity import NodeIdentity
+from ftis.v1 import swarm_pb2
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def coord(clock):
+    return make_coordinator(clock, require_tokenizer=True)
+
+
+def _code(fn, *args) -> int:
+    with pytest.raises(FtisError) as info:
+        fn(*args)
+    assert info.value.reason and "\n" not in info.value.reason
+    return info.value.code
+
+
+def _upload_code(coord, node, gz: bytes, fingerprint: str | None = None) -> int:
+    fp = fingerprint if fingerprint is not None else tokenizer_fp()
+    return _code(coord.upload_tokenizer, node.node_id, fp, gz)
+
+
+# -- upload -----------------------------------------------------------------------------
+
+
+def test_upload_then_lease_and_register_reports_it(coord) -> None:
+    node = register_with_tokenizer(coord, upload=False)
+    assert not coord.tokenizer_known(tokenizer_fp())
+    assert _code(coord.lease_tasks, node.node_id, 1, 2, 64) == ErrorCode.TOKENIZER_REQUIRED
+    assert coord.upload_tokenizer(node.node_id, tokenizer_fp(), tokenizer_gz()) is True
+    assert coord.upload_tokenizer(node.node_id, tokenizer_fp(), tokenizer_gz()) is False  # again
+    assert len(coord.lease_tasks(node.node_id, 1, 2, 64)) == 1
+    reply = SwarmService(coord).Register(
+        swarm_pb2.RegisterRequest(
+            envelope=register_envelope(
+                NodeIdentity.generate(), model_card(tokenizer_fp(), VOCAB), coord.clock()
+            )
+        ),
+        FakeContext(),
+    )
+    assert reply.error.code == 0 and reply.tokenizer_known is True
+
+
+def test_tokenizer_required_can_be_switched_off(clock) -> None:
+    coord = make_coordinator(clock, require_tokenizer=False)
+    node = register(coord)
+    assert len(coord.lease_tasks(node.node_id, 1, 2, 16)) == 1
+
+
+def test_wrong_fingerprints(coord) -> None:
+    node = register_with_tokenizer(coord, upload=False)
+    other_fp = tokenizer_fp("other corpus")
+    # request fingerprint differs from the registered one
+    assert _upload_code(coord, node, tokenizer_gz("other corpus"), other_fp) == (
+        ErrorCode.TOKENIZER_INVALID
+    )
+    # file's fingerprint differs from the (matching) request and card fingerprints
+    assert _upload_code(coord, node, tokenizer_gz("other corpus")) == ErrorCode.TOKENIZER_INVALID
+    assert not coord.tokenizer_known(tokenizer_fp())
+
+
+def test_oversized_upload(clock) -> None:
+    coord = make_coordinator(clock, max_tokenizer_gz_bytes=1024)
+    node = register_with_tokenizer(coord, upload=False)
+    assert len(tokenizer_gz()) > 1024
+    assert _upload_code(coord, node, tokenizer_gz()) == ErrorCode.TOKENIZER_INVALID
+
+
+def test_zip_bomb_is_refused_without_inflating_it(coord) -> None:
+    node = register_with_tokenizer(coord, upload=False)
+    bomb = gzip.compress(b" " * ((64 << 20) + 1), compresslevel=9)  # 65 KB -> 64 MiB + 1
+    assert len(bomb) < 100_000
+    assert _upload_code(coord, node, bomb) == ErrorCode.TOKENIZER_INVALID
+    with pytest.raises(FtisError) as info:
+        gunzip_bounded(gzip.compress(b"x" * 2048), 1024)
+    assert "inflates beyond" in info.value.reason
+    assert gunzip_bounded(gzip.compress(b"x" * 1024), 1024) == b"x" * 1024
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"not gzip at all",
+        gzip.compress(b"\xff\xfe not utf-8"),
+        gzip.compress(b"[1, 2]"),
+        gzip.compress(b'{"no": "model"}'),
+        gzip.compress(b"{truncated"),
+    ],
+    ids=["not-gzip", "not-utf8", "not-object", "no-model", "bad-json"],
+)
+def test_garbage_uploads(coord, payload) -> None:
+    node = register_with_tokenizer(coord, upload=False)
+    assert _upload_code(coord, node, payload) == ErrorCode.TOKENIZER_INVALID
+
+
+def test_document_with_right_fingerprint_that_does_not_load(clock) -> None:
+    coord = make_coordinator(clock, require_tokenizer=True)
+    doc = json.dumps({"model": {"type": "NoSuchModel", "vocab": {"a": 0}}})
+    fp = tokenizer_fingerprint(doc)
+    node = register(coord, fp)
+    code = _code(coord.upload_tokenizer, node.node_id, fp, gzip.compress(doc.encode()))
+    assert code == ErrorCode.TOKENIZER_INVALID
+    assert not coord.tokenizer_known(fp)
+
+
+def test_upload_needs_a_known_unbanned_node(coord) -> None:
+    stranger = NodeIdentity.generate()
+    assert _code(coord.upload_tokenizer, stranger.node_id, tokenizer_fp(), tokenizer_gz()) == (
+        ErrorCode.NODE_UNKNOWN
+    )
+    node = register_with_tokenizer(coord, upload=False)
+    coord.ban(node.node_id)
+    assert _upload_code(coord, node, tokenizer_gz()) == ErrorCode.NODE_BANNED
+
+
+def test_uploads_are_rate_limited(clock) -> None:
+    coord = make_coordinator(clock, tokenizer_uploads_per_minute=2)
+    node = register_with_tokenizer(coord, upload=False)
+    for _ in range(2):
+        assert _upload_code(coord, node, b"garbage") == ErrorCode.TOKENIZER_INVALID
+    assert _upload_code(coord, node, b"garbage") == ErrorCode.RATE_LIMITED
+    clock.advance(30)  # one token back
+    assert coord.upload_tokenizer(node.node_id, tokenizer_fp(), tokenizer_gz()) is True
+
+
+def test_stored_tokenizer_survives_restart_and_lru(tmp_path, clock) -> None:
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    first = make_coordinator(clock, db=db, require_tokenizer=True)
+    node = register_with_tokenizer(first)
+    first.state.close()
+    second = make_coordinator(clock, db=db, require_tokenizer=True, tokenizer_cache_size=1)
+    assert len(second.tokenizers) == 0
+    (lease,) = second.lease_tasks(node.node_id, 1, 2, 64)
+    bundle = build_bundle(lease, node, tokenizer=load_tokenizer())
+    record = second.submit_bundle(seal_bundle(bundle, node))
+    assert record.text_verified and len(second.tokenizers) == 1
+    other = register_with_tokenizer(second, "other corpus")
+    assert len(second.tokenizers) == 1  # capacity 1: the first was evicted
+    assert second.tokenizers.get(tokenizer_fp()) is not None  # and reloads from the db
+    assert second.tokenizers.get(tokenizer_fp("other corpus")) is not None
+    assert other.node_id != node.node_id
+    assert "tokenizers" in Base.metadata.tables
+
+
+# -- text checks -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def world(coord):
+    node = register_with_tokenizer(coord)
+    (lease,) = coord.lease_tasks(node.node_id, 1, 4, 64)
+    return coord, node, lease, load_tokenizer()
+
+
+def test_matching_text_is_accepted_and_marked_verified(world) -> None:
+    coord, node, lease, tok = world
+    record = coord.submit_bundle(seal_bundle(build_bundle(lease, node, tokenizer=tok), node))
+    assert record.text_verified and record.verified_rewards == [1.0, 0.0, 1.0, 0.0]
+    assert coord.state.get_node(node.node_id).banned is False
+
+
+def _rejected_as_proof(coord, node, bundle, code: int) -> None:
+    before = snapshot(coord)
+    assert _code(coord.submit_bundle, seal_bundle(bundle, node)) == code
+    after = snapshot(coord)
+    # nothing stored; the only change to the node is the automatic ban
+    assert after["bundles"] == before["bundles"] and after["leases"] == before["leases"]
+    stored = coord.state.get_node(node.node_id)
+    assert stored.banned and stored.ban_reason == f"proof: {ErrorCode.Name(code)}"
+    (evidence,) = coord.state.list_evidence(node.node_id, 1)
+    assert evidence.weight < 0 and "proof #" in evidence.detail
+
+
+def test_text_that_is_not_the_decoded_tokens(world) -> None:
+    coord, node, lease, tok = world
+    bundle = build_bundle(lease, node, tokenizer=tok)
+    bundle.completions[2].text = bundle.completions[2].text + " "
+    _rejected_as_proof(coord, node, bundle, ErrorCode.TEXT_MISMATCH)
+
+
+def test_text_claiming_the_right_answer_for_wrong_tokens(world) -> None:
+    coord, node, lease, tok = world
+    bundle = build_bundle(lease, node, tokenizer=tok, correct=[False] * 4)
+    right = build_bundle(lease, node, tokenizer=tok, correct=[True] * 4)
+    bundle.completions[0].text = right.completions[0].text  # text says right, tokens wrong
+    _rejected_as_proof(coord, node, bundle, ErrorCode.TEXT_MISMATCH)
+
+
+def test_tokens_that_do_not_decode_are_a_text_mismatch(world) -> None:
+    _, node, lease, tok = world
+
+    class Broken:
+        def decode(self, ids, skip_special_tokens=True):
+            raise OverflowError("cannot decode")
+
+    bundle = build_bundle(lease, node, tokenizer=tok)
+    check_text(tok, bundle, lease.entry.question)  # the real one is fine
+    assert _code(check_text, Broken(), bundle, lease.entry.question) == ErrorCode.TEXT_MISMATCH
+
+
+def test_prompt_without_the_leased_question(world) -> None:
+    coord, node, lease, tok = world
+    bundle = build_bundle(lease, node, tokenizer=tok)
+    del bundle.prompt_token_ids[:]
+    bundle.prompt_token_ids.extend(tok.encode("<|im_start|>user\nWhat is 2 + 2?<|im_end|>").ids)
+    _rejected_as_proof(coord, node, bundle, ErrorCode.PROMPT_MISMATCH)
+
+
+def test_proof_without_auto_ban(clock) -> None:
+    coord = make_coordinator(clock, require_tokenizer=True, reputation={"auto_ban_on_proof": False})
+    node = register_with_tokenizer(coord)
+    (lease,) = coord.lease_tasks(node.node_id, 1, 2, 64)
+    bundle = build_bundle(lease, node, tokenizer=load_tokenizer())
+    bundle.completions[0].text = "The answer is 42"
+    assert _code(coord.submit_bundle, seal_bundle(bundle, node)) == ErrorCode.TEXT_MISMATCH
+    stored = coord.state.get_node(node.node_id)
+    assert not stored.banned and stored.quarantined  # -4 on probation: E = 1/6
+
+
+def test_text_checks_come_after_structure_and_before_rescoring(world) -> None:
+    coord, node, lease, tok = world
+    bundle = build_bundle(lease, node, tokenizer=tok, claimed=[0.0] * 4)
+    bundle.completions[0].text = "x"
+    bundle.completions[1].logprobs[0] = 0.5
+    assert _code(coord.submit_bundle, seal_bundle(bundle, node)) == ErrorCode.LOGPROB_POSITIVE
+    bundle.completions[1].logprobs[0] = -0.5
+    assert _code(coord.submit_bundle, seal_bundle(bundle, node)) == ErrorCode.TEXT_MISMATCH
+
+
+def test_submission_without_tokenizer_when_required(clock) -> None:
+    loose = make_coordinator(clock, require_tokenizer=False)
+    node = register(loose)
+    (lease,) = loose.lease_tasks(node.node_id, 1, 2, 16)
+    loose.config = loose.config.model_copy(update={"require_tokenizer": True})
+    bundle = build_bundle(lease, node)
+    assert _code(loose.submit_bundle, seal_bundle(bundle, node)) == ErrorCode.TOKENIZER_REQUIRED
+
+
+def test_coordinator_loads_tokenizers_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gzip\n"
+        "from ftis.coordinator.server.app import CoordinatorServer\n"
+        "from ftis.coordinator.tokenizer_store import load_tokenizer\n"
+        "load_tokenizer(sys.stdin.read())\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], input=tokenizer_json(), text=True, check=True, timeout=60
+    )
