@@ -82,3 +82,13 @@ def test_sampling_follows_sender_reputation():
         picks[g.sender] += 1
     # P(trusted first) = 0.9 / (0.9 + 0.1) = 0.9 for weighted sampling without replacement
     assert 160 <= picks[trusted.node_id] <= 195
+
+
+def test_a_huge_policy_version_only_stales_its_own_sender():
+    me, honest, liar = (NodeIdentity.generate() for _ in range(3))
+    pool = ExternalPool(me.node_id, 100, FP, max_policy_lag=2)
+    pool.add(_relayed(honest, 1, version=3))
+    pool.add(_relayed(liar, 2, version=0))
+    pool.add(_relayed(liar, 3, version=2**62))
+    taken = pool.take(5)
+    assert sorted(g.policy_version for g in taken) == [3, 2**62]

@@ -34,8 +34,8 @@ class ExternalPool:
         vocab_size: receiver's vocabulary size; token ids must be below it.
         fingerprint: receiver's tokenizer fingerprint; other fingerprints are skipped.
         capacity: most groups kept (oldest dropped first).
-        max_policy_lag: drop groups whose sender's policy version is older than the
-            newest seen by more than this many steps (``None`` = keep all).
+        max_policy_lag: drop groups whose policy version is older than the newest seen
+            from the same sender by more than this many steps (``None`` = keep all).
         decode: ``token_ids -> text`` with the receiver's tokenizer (same fingerprint as the
             sender's), used to check each completion's text; ``None`` skips the check.
     """
@@ -105,8 +105,13 @@ class ExternalPool:
     def take(self, count: int) -> list[RolloutGroup]:
         """Remove and return up to ``count`` groups drawn uniformly from the pool."""
         if self.max_policy_lag is not None and self.groups:
-            newest = max(g.policy_version for g in self.groups)
-            fresh = [g for g in self.groups if newest - g.policy_version <= self.max_policy_lag]
+            # per sender: policy versions of different nodes are not comparable, and a
+            # sender claiming a huge version must only make its own groups look stale
+            newest: dict[str, int] = {}
+            for g in self.groups:
+                newest[g.sender] = max(newest.get(g.sender, g.policy_version), g.policy_version)
+            fresh = [g for g in self.groups
+                     if newest[g.sender] - g.policy_version <= self.max_policy_lag]
             self.groups = deque(fresh, maxlen=self.groups.maxlen)
         count = min(count, len(self.groups))
         if count <= 0:
