@@ -5,9 +5,10 @@ Records are frozen dataclasses, detached from any database session, so that call
 
 Rejected submissions change nothing in nodes, leases or bundles: the only write is
 one audit row in the verdict log. Per-node rejection counts are *derived* from that
-log (``bundles_rejected``, ``rejections_by_code``). Exceptions, documented in docs/error-codes.md: reputation evidence rows, and a
-*proof* rejection (TEXT_MISMATCH, PROMPT_MISMATCH), which stores the signed envelope
-and, with ``auto_ban_on_proof``, bans the sender.
+log (``bundles_rejected``, ``rejections_by_code``). Exceptions, documented in
+docs/error-codes.md: reputation evidence rows, and a *proof* rejection (TEXT_MISMATCH,
+PROMPT_MISMATCH), which stores the signed envelope and, with ``auto_ban_on_proof``,
+bans the sender.
 """
 
 from __future__ import annotations
