@@ -1,0 +1,27 @@
+"""Adversarial volunteers for security experiments (``ftis-client attack``).
+
+Each attacker is a real client process with its own Ed25519 key speaking the real
+protocol; what it sends and the codes it gets back go to ``OUT/attack.jsonl``.
+
+- :mod:`ftis.client.attack.mutations`: pure bundle/feedback forgeries (unit-tested).
+- :mod:`ftis.client.attack.nodes`: :class:`~ftis.client.node.runner.VolunteerNode`
+  subclasses (one per kind) and the attack log.
+- :mod:`ftis.client.attack.runner`: builds and runs the node of a kind.
+"""
+
+#: Every attack kind; ``honest`` is the unmodified client with the same logging (control).
+KINDS = (
+    "honest",
+    "reward_liar",
+    "logprob_inflate",
+    "logprob_deflate",
+    "text_mismatch",
+    "replay",
+    "fabricated_prompt",
+    "flooder",
+    "garbage",
+    "sybil_burst",
+    "false_reporter",
+    "replay_frame",
+)
+ATTACK_KINDS = KINDS[1:]

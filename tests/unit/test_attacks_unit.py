@@ -1,0 +1,385 @@
+"""Each attacker's forgery does what it says, on synthetic bundles; plus the security
+experiment's bookkeeping (detection round, verdicts, table) on synthetic records."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from ftis.client.attack import ATTACK_KINDS, KINDS, mutations
+from ftis.client.attack.nodes import (
+    NODE_CLASSES,
+    AttackLog,
+    AttackOptions,
+    FabricatedPromptNode,
+    FalseReporterNode,
+    ReplayNode,
+    TextMismatchNode,
+    read_attack_log,
+)
+from ftis.client.learner.batch import RolloutGroup
+from ftis.protocol.bundles import BundleLimits, check_structure
+from ftis.protocol.envelope import open_envelope, seal
+from ftis.protocol.errors import ErrorCode, FtisError
+from ftis.protocol.identity import NodeIdentity
+from ftis.tasks import TaskEntry, render_messages, score_completion
+from ftis.v1 import bundle_pb2, common_pb2, swarm_pb2
+
+VOCAB, G = 300, 4
+CARD = bundle_pb2.ModelCard(base_model="tiny", tokenizer_fingerprint="f" * 64, vocab_size=VOCAB)
+
+
+def _bundle(seed: int = 0, node_id: str = "n" * 32) -> bundle_pb2.Bundle:
+    rng = random.Random(seed)
+    comps = []
+    for _ in range(G):
+        n = rng.randint(2, 6)
+        comps.append(bundle_pb2.Completion(
+            token_ids=[rng.randrange(3, VOCAB) for _ in range(n)],
+            logprobs=[-rng.uniform(0.1, 6.0) for _ in range(n)], text=f"text {seed}",
+            claimed_reward=0.0, finish_reason=bundle_pb2.FINISH_REASON_LENGTH))
+    return bundle_pb2.Bundle(
+        task_id=f"task{seed}", lease_id=f"lease{seed}", node_id=node_id, model_card=CARD,
+        sampling=bundle_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=8),
+        prompt_token_ids=[1, 5, 6, 7], prompt_text="prompt", completions=comps,
+        created_at_ms=1)
+
+
+def _lease(question: str = "How many 'r' are in 'strawberry'?", answer: str = "3",
+           group_size: int = G) -> swarm_pb2.TaskLease:
+    entry = TaskEntry("letter_counting", 0, question, answer, {})
+    return swarm_pb2.TaskLease(
+        lease_id="mylease", task_id="mytask", dataset="letter_counting",
+        messages=[common_pb2.ChatMessage(**m) for m in render_messages(question)],
+        question=question, group_size=group_size, max_new_tokens=8,
+        entry_json=entry.to_json())
+
+
+def _lps(b: bundle_pb2.Bundle) -> list[list[float]]:
+    return [list(c.logprobs) for c in b.completions]
+
+
+def test_kinds_all_have_a_node_class():
+    assert set(NODE_CLASSES) == set(KINDS)
+    assert "honest" not in ATTACK_KINDS and len(ATTACK_KINDS) == 11
+
+
+def test_reward_liar_claims_one_and_leaves_the_input():
+    b = _bundle()
+    out = mutations.lie_rewards(b)
+    assert [c.claimed_reward for c in out.completions] == [1.0] * G
+    assert [c.claimed_reward for c in b.completions] == [0.0] * G
+    assert [list(c.token_ids) for c in out.completions] == \
+        [list(c.token_ids) for c in b.completions]
+
+
+def test_logprob_inflate_moves_logprobs_towards_zero():
+    b = _bundle()
+    out = mutations.scale_logprobs(b, 0.05)
+    for orig, new in zip(_lps(b), _lps(out), strict=True):
+        assert len(orig) == len(new)
+        for lp, q in zip(orig, new, strict=True):
+            assert q == pytest.approx(lp * 0.05, rel=1e-5, abs=1e-7)
+            assert lp < q <= 0.0 and math.isfinite(q)
+    with pytest.raises(ValueError):
+        mutations.scale_logprobs(b, 1.5)
+
+
+def test_logprob_deflate_subtracts_nats_per_token():
+    b = _bundle()
+    out = mutations.shift_logprobs(b, 5.0)
+    for orig, new in zip(_lps(b), _lps(out), strict=True):
+        assert [q - lp for lp, q in zip(orig, new, strict=True)] == \
+            pytest.approx([-5.0] * len(orig), abs=1e-5)
+    # receivers' per-token log-ratio lp_learner - lp_gen grows by 5 nats: exp(5) >> C = 2
+    assert math.exp(5.0) > 2.0
+
+
+def test_deflated_and_inflated_bundles_still_pass_structure_checks():
+    limits = BundleLimits(G, 8, VOCAB)
+    check_structure(mutations.shift_logprobs(_bundle(), 5.0), limits)
+    check_structure(mutations.scale_logprobs(_bundle(), 0.05), limits)
+
+
+def test_text_mismatch_keeps_tokens_and_claims_the_answer():
+    b = _bundle()
+    lease = _lease()
+    entry = TaskEntry.from_json(lease.entry_json).as_entry()
+    text = mutations.correct_answer_text(entry["answer"])
+    out = mutations.replace_text(b, text, lambda t: score_completion("letter_counting", t, entry))
+    assert all(c.text == text for c in out.completions)
+    assert all(c.claimed_reward == 1.0 for c in out.completions)
+    assert [list(c.token_ids) for c in out.completions] == \
+        [list(c.token_ids) for c in b.completions]
+
+
+def test_fabricated_prompt_replaces_prompt_only():
+    b = _bundle()
+    out = mutations.fabricate_prompt(b, [9, 9, 9], "made up")
+    assert list(out.prompt_token_ids) == [9, 9, 9] and out.prompt_text == "made up"
+    assert out.task_id == b.task_id and out.lease_id == b.lease_id
+    assert list(b.prompt_token_ids) == [1, 5, 6, 7]
+
+
+@pytest.mark.parametrize("group_size", [2, G, 7])
+def test_copy_under_lease_rebinds_a_victims_bundle(group_size):
+    victim = _bundle(3, node_id="v" * 32)
+    lease = _lease(group_size=group_size)
+    out = mutations.copy_under_lease(victim, lease, "a" * 32, CARD, 4, 99)
+    assert (out.task_id, out.lease_id, out.node_id) == ("mytask", "mylease", "a" * 32)
+    assert out.policy_version == 4 and out.created_at_ms == 99
+    assert list(out.prompt_token_ids) == list(victim.prompt_token_ids)  # verbatim prompt
+    assert len(out.completions) == group_size
+    assert list(out.completions[0].token_ids) == list(victim.completions[0].token_ids)
+    own = mutations.copy_under_lease(victim, lease, "a" * 32, CARD, 4, 99,
+                                     prompt=([1, 2], "mine"), score=lambda t: 0.5)
+    assert list(own.prompt_token_ids) == [1, 2] and own.prompt_text == "mine"
+    assert all(c.claimed_reward == 0.5 for c in own.completions)
+
+
+def test_resealed_copy_verifies_under_the_attackers_key():
+    attacker = NodeIdentity.generate()
+    copy = mutations.copy_under_lease(_bundle(), _lease(), attacker.node_id, CARD, 0, 1)
+    env = seal("bundle", copy, attacker)
+    msg, node_id = open_envelope(env, "bundle", bundle_pb2.Bundle, 1 << 20)
+    assert node_id == attacker.node_id == msg.node_id
+
+
+def test_false_feedback_claims_the_worst_about_every_sender():
+    fb = mutations.false_feedback({"s1": ["b1", "b2"], "s2": []}, group_size=G)
+    by = {f.sender_node_id: f for f in fb}
+    assert set(by) == {"s1", "s2"}
+    assert by["s1"].groups == 2 and list(by["s1"].bundle_ids) == ["b1", "b2"]
+    assert by["s1"].text_mismatches == 2 * G and by["s1"].invalid_bundles == 2
+    assert by["s1"].mean_log_ratio == 25.0
+    assert by["s1"].filtered_frac == 1.0 and by["s1"].truncated_frac == 1.0
+
+
+def test_oversized_bundle_exceeds_the_limit():
+    b = mutations.oversized_bundle(_lease(), "a" * 32, CARD, 5_000_000)
+    assert b.ByteSize() > 5_000_000
+
+
+def test_random_tokens_bundle_is_structurally_valid_and_consistent():
+    lease = _lease()
+    b = mutations.random_tokens_bundle(lease, "a" * 32, CARD, [1, 2], "p",
+                                       decode=lambda ids: " ".join(map(str, ids)),
+                                       score=lambda t: 0.25, rng=random.Random(0))
+    check_structure(b, BundleLimits(G, 8, VOCAB))
+    for c in b.completions:
+        assert c.text == " ".join(map(str, c.token_ids))
+        assert c.claimed_reward == 0.25
+        assert all(lp == pytest.approx(-math.log(VOCAB)) for lp in c.logprobs)
+
+
+EXPECTED_GARBAGE = {
+    "bad_signature": ErrorCode.SIGNATURE_INVALID,
+    "short_public_key": ErrorCode.ENVELOPE_MALFORMED,
+    "signed_random_payload": ErrorCode.PAYLOAD_MALFORMED,
+    "unknown_payload_type": ErrorCode.PAYLOAD_TYPE_INVALID,
+    "register_payload_as_bundle": ErrorCode.PAYLOAD_TYPE_INVALID,
+    "nan_logprob": ErrorCode.LOGPROB_NOT_FINITE,
+    "positive_logprob": ErrorCode.LOGPROB_POSITIVE,
+    "token_out_of_vocab": ErrorCode.TOKEN_OUT_OF_VOCAB,
+    "empty_completion": ErrorCode.COMPLETION_EMPTY,
+    "logprob_count_mismatch": ErrorCode.LOGPROB_COUNT_MISMATCH,
+}
+
+
+def test_garbage_envelopes_each_fail_with_their_code():
+    ident = NodeIdentity.generate()
+    b = _bundle(node_id=ident.node_id)
+    seen = {}
+    for label, env in mutations.garbage_envelopes(b, ident, random.Random(0)):
+        with pytest.raises(FtisError) as err:
+            msg, _ = open_envelope(env, "bundle", bundle_pb2.Bundle, 1 << 20)
+            check_structure(msg, BundleLimits(G, 8, VOCAB))
+        seen[label] = err.value.code
+    assert seen == EXPECTED_GARBAGE
+
+
+# -- node classes (their mutate hooks, without a coordinator) -------------------------------
+class _Conn:
+    node_id = "a" * 32
+    identity = NodeIdentity.generate()
+
+
+def _node(cls, tiny_policy=None, **attrs):
+    node = cls.__new__(cls)  # skip VolunteerNode.__init__ (learner, connection)
+    node.options = AttackOptions()
+    node.rng = random.Random(0)
+    node.round = 0
+    node.lease_index = 0
+    node.accepted_envelopes = []
+    node.conn = _Conn()
+    node.policy = tiny_policy
+    node.__dict__.update(attrs)
+    return node
+
+
+def test_text_mismatch_node_uses_the_leased_answer():
+    node = _node(TextMismatchNode)
+    out = node.mutate(_bundle(), _lease(answer="3"), [1], "p")
+    assert all("<answer>3</answer>" in c.text and c.claimed_reward == 1.0
+               for c in out.completions)
+
+
+def test_fabricated_prompt_node_tokenizes_another_question(tiny_policy_factory):
+    policy = tiny_policy_factory()
+    node = _node(FabricatedPromptNode, policy)
+    lease = _lease()
+    real_ids, _ = policy.prompt_token_ids(render_messages(lease.question))
+    out = node.mutate(_bundle(), lease, real_ids, "p")
+    assert list(out.prompt_token_ids) != real_ids
+    assert lease.question not in policy.tokenizer.decode(list(out.prompt_token_ids))
+    assert node.options.fake_question in out.prompt_text
+
+
+def test_replay_node_submits_own_then_copies(tiny_policy_factory):
+    policy = tiny_policy_factory()
+    victim = _bundle(5, node_id="v" * 32)
+    node = _node(ReplayNode, policy, stolen=[(swarm_pb2.RelayedBundle(), victim)],
+                 config=None, round=2)
+    lease = _lease()
+    ids, text = policy.prompt_token_ids(render_messages(lease.question))
+    sampled = [type("S", (), {"token_ids": [5, 6], "logprobs": [-1.0, -2.0],
+                              "finish_reason": 2})() for _ in range(G)]
+    node.sampling = type("S", (), {"to_proto": lambda self: victim.sampling})()
+    variants, bundles = [], []
+    for _ in range(3):
+        bundles.append(node.make_bundle(lease, ids, text, sampled))
+        variants.append(node._variant)
+    assert variants == ["own", "copy_own_prompt", "copy_verbatim"]
+    own, own_prompt, verbatim = bundles
+    assert [list(c.token_ids) for c in own.completions] == [[5, 6]] * G
+    assert list(verbatim.prompt_token_ids) == list(victim.prompt_token_ids)
+    assert list(own_prompt.prompt_token_ids) == ids
+    for b in (verbatim, own_prompt):
+        assert b.lease_id == "mylease" and b.node_id == node.conn.node_id
+        assert list(b.completions[0].token_ids) == list(victim.completions[0].token_ids)
+    node.round, node.lease_index = 0, 0  # no verbatim copies (they get banned) before round 3
+    assert [node.variant(i) for i in range(3)] == ["own", "copy_own_prompt", "copy_own_prompt"]
+
+
+def test_false_reporter_reports_every_sender_it_heard_from(tmp_path):
+    log = AttackLog(tmp_path / "attack.jsonl", "false_reporter", "a" * 32)
+    groups = [RolloutGroup(prompt_ids=[1], completions=[[2]], gen_logprobs=[[-1.0]],
+                           rewards=[1.0], local=False, sender=s, meta={"bundle_id": b})
+              for s, b in (("s1", "b1"), ("s2", "b2"), ("s1", "b3"))]
+
+    class Pool:
+        def __init__(self):
+            self.groups = [groups[2]]
+
+        def drain_rejections(self):
+            from collections import Counter
+            return Counter(), Counter()
+
+    class Learner:
+        sender_stats = {}
+
+    node = _node(FalseReporterNode, attack_log=log, pool=Pool(), learner=Learner(),
+                 config=type("C", (), {"group_size": G})())
+    fb = {f.sender_node_id: f for f in node.feedback(groups[:2])}
+    assert set(fb) == {"s1", "s2"}
+    assert sorted(fb["s1"].bundle_ids) == ["b1", "b3"]
+    assert fb["s2"].text_mismatches == G and fb["s2"].mean_log_ratio == 25.0
+    events = [e["event"] for e in read_attack_log(tmp_path / "attack.jsonl")]
+    assert events == ["received", "feedback"]
+
+
+def test_attack_cli_takes_every_start_flag():
+    import inspect
+
+    from ftis.client.cli import attack, start
+
+    params = inspect.signature(attack.attack).parameters
+    assert set(inspect.signature(start.start).parameters) <= set(params)
+    assert {"kind", "inflate_factor", "deflate_nats", "sybils", "wait_for"} <= set(params)
+
+
+# -- experiment bookkeeping -----------------------------------------------------------------
+def test_round_at_and_first_flagged():
+    from ftis.client.experiment.security import first_flagged, round_at
+
+    honest = {"a": [{"time": 10.0}, {"time": 20.0}, {"time": 30.0}],
+              "b": [{"time": 12.0}, {"time": 25.0}, {"time": 31.0}]}
+    assert round_at(5.0, honest) == 1
+    assert round_at(21.0, honest) == 2  # b has done only 1 round
+    assert round_at(40.0, honest) == 4
+    st = {"quarantined": False, "banned": False}
+    timeline = [(1.0, {"x": st}), (2.0, {"x": {**st, "quarantined": True}}),
+                (3.0, {"x": {"quarantined": True, "banned": True}})]
+    assert first_flagged(timeline, "x") == (2.0, 3.0)
+    assert first_flagged(timeline, "y") == (None, None)
+
+
+def _record(**kw):
+    base = {"kind": "reward_liar", "rounds": 5, "banned_end": False, "quarantined_end": False,
+            "banned_round": None, "quarantined_round": None, "detected_round": None,
+            "submissions": 3, "accepted": 3, "bad_accepted": 3, "expected_codes_seen": [],
+            "codes": {}, "attacker_groups_learned": 0,
+            "attacker_groups_learned_after_detection": 0, "quarantined_bundles_learned": 0,
+            "false_positives": 0, "honest_reward_mean": 0.1, "baseline_reward_mean": 0.12,
+            "honest_reward": [0.1, 0.1], "sybils_admitted": 0, "sybils_attempted": 0,
+            "sybils_leased": 0}
+    return {**base, **kw}
+
+
+def test_verdicts_and_table(tmp_path):
+    from ftis.client.experiment.security import markdown_table, plot_rewards, verdict
+
+    assert verdict(_record(banned_round=2, detected_round=2)) == "banned"
+    assert verdict(_record(quarantined_end=True)) == "quarantined"
+    assert verdict(_record(kind="fabricated_prompt", accepted=0, bad_accepted=0,
+                           expected_codes_seen=["PROMPT_MISMATCH"])) == "rejected"
+    assert verdict(_record()) == "missed"
+    assert verdict(_record(kind="sybil_burst", submissions=0,
+                           codes={"register:REGISTRATION_THROTTLED": 40})) == "throttled"
+    recs = [_record(detected_round=2, banned_round=2), _record(kind="replay", detected_round=9)]
+    for r in recs:
+        r["verdict"] = verdict(r)
+    table = markdown_table(recs)
+    assert table.count("\n") == 3 and "| reward_liar | banned | 2 |" in table
+    assert "| replay | banned | >5 |" not in table and ">5" in table
+    png = plot_rewards(recs, [0.1, 0.2], tmp_path / "r.png")
+    assert png.stat().st_size > 1000
+
+
+def test_attack_log_roundtrip(tmp_path):
+    log = AttackLog(tmp_path / "x" / "attack.jsonl", "replay", "id")
+    log.write("submit", 1, code=0)
+    log.write("submit", 2, code=124, code_name="BUNDLE_REPLAYED")
+    recs = read_attack_log(tmp_path / "x" / "attack.jsonl")
+    assert [r["round"] for r in recs] == [1, 2] and recs[1]["code_name"] == "BUNDLE_REPLAYED"
+    assert json.loads(Path(tmp_path / "x" / "attack.jsonl").read_text().splitlines()[0])[
+        "kind"] == "replay"
+    assert read_attack_log(tmp_path / "missing.jsonl") == []
+
+
+# -- the replay_frame attack against the coordinator in-process ------------------------------
+@pytest.mark.xfail(strict=False, reason=(
+    "the coordinator charges BUNDLE_REPLAYED evidence and the per-node bundle quota to the "
+    "envelope's signer; relayed envelopes are public, so anyone can resubmit them to frame "
+    "the signer (docs/security-results.md, replay_frame)"))
+def test_third_party_replay_of_a_relayed_envelope_does_not_hurt_the_signer():
+    from coordinator_helpers import build_bundle, make_coordinator, register
+
+    coord = make_coordinator(bundles_per_minute=10)
+    victim = register(coord)
+    (lease,) = coord.lease_tasks(victim.node_id, 1, 2, 16)
+    relayed = seal("bundle", build_bundle(lease, victim), victim)
+    coord.submit_bundle(relayed)
+    codes = []
+    for _ in range(20):  # what an attacker does with the victim's relayed envelope
+        with pytest.raises(FtisError) as err:
+            coord.submit_bundle(relayed)
+        codes.append(err.value.code)
+    assert ErrorCode.BUNDLE_REPLAYED in codes
+    assert not [e for e in coord.evidence(victim.node_id) if e.weight < 0]
+    (lease2,) = coord.lease_tasks(victim.node_id, 1, 2, 16)
+    coord.submit_bundle(seal("bundle", build_bundle(lease2, victim, seed=1), victim))
