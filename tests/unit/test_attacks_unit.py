@@ -362,10 +362,6 @@ def test_attack_log_roundtrip(tmp_path):
 
 
 # -- the replay_frame attack against the coordinator in-process ------------------------------
-@pytest.mark.xfail(strict=False, reason=(
-    "the coordinator charges BUNDLE_REPLAYED evidence and the per-node bundle quota to the "
-    "envelope's signer; relayed envelopes are public, so anyone can resubmit them to frame "
-    "the signer (docs/security-results.md, replay_frame)"))
 def test_third_party_replay_of_a_relayed_envelope_does_not_hurt_the_signer():
     from coordinator_helpers import build_bundle, make_coordinator, register
 

@@ -144,6 +144,11 @@ def test_reward_liar_is_quarantined_stored_but_not_relayed_then_recovers(coord) 
     assert _score(coord, liar) == pytest.approx(7 / 12)
     assert not coord.state.get_node(liar.node_id).quarantined
     assert _relayed_senders(coord, reader) == {liar.node_id}
+    # bundles stored while quarantined stay unrelayed after the release: bundles 2-5 were
+    # stored under quarantine (the 5th verified bundle ends probation: threshold 0.3, out
+    # above 0.35 at E = 5/10); relayed are bundle 1 (stored before its evidence) and 6-7
+    page, _ = coord.pull_bundles(reader.node_id, 0, 64)
+    assert [b.sequence for b in page if b.node_id == liar.node_id] == [1, 6, 7]
 
 
 def test_relayed_bundles_carry_sender_reputation(coord) -> None:
@@ -159,7 +164,9 @@ def test_rejection_weights(coord, clock) -> None:
     first = seal_bundle(build_bundle(leases[0], node), node)
     coord.submit_bundle(first)
     with pytest.raises(FtisError):
-        coord.submit_bundle(first)  # BUNDLE_REPLAYED: -1
+        coord.submit_bundle(first)  # identical resubmission: anyone can send it, not charged
+    with pytest.raises(FtisError):  # a new signed bundle for an answered lease: -1
+        coord.submit_bundle(seal_bundle(build_bundle(leases[0], node, seed=1), node))
     bad = build_bundle(leases[1], node)
     bad.completions[0].logprobs[0] = 1.0
     with pytest.raises(FtisError):

@@ -73,6 +73,9 @@ class SubmissionAudit:
     bundle_id: str | None = None
     #: The envelope as received (set once the signature verified; kept as proof).
     envelope_bytes: bytes = b""
+    #: The exact payload is already stored: a resubmission, which anyone holding a
+    #: relayed copy can send, so it is not attributable to the signer.
+    duplicate: bool = False
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,12 @@ def verify_bundle(
     bundle_id = hashlib.sha256(message.payload).hexdigest()
     audit.bundle_id = bundle_id
     audit.envelope_bytes = raw
+    if state.bundle_owners([bundle_id]):
+        # Relayed envelopes are public: a byte-identical resubmission may come from anyone,
+        # so it is refused before quotas and charged to no one (not to the signer).
+        audit.node_id, audit.duplicate = None, True
+        raise FtisError(ErrorCode.BUNDLE_REPLAYED,
+                        f"bundle {bundle_id[:16]} is already stored (identical resubmission)")
 
     node = check_node(state, sender_id)
     if admit is not None:

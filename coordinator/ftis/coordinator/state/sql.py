@@ -140,6 +140,9 @@ class BundleRow(Base):
     stored_at_ms: Mapped[int] = mapped_column(BigInteger)
     # text == decode(token_ids) was checked with the sender's uploaded tokenizer.
     text_verified: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: the sender was quarantined when this bundle was stored: never relayed, even if
+    #: the sender is released before receivers pull
+    stored_quarantined: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class VerdictRow(Base):
@@ -221,6 +224,7 @@ class SettingRow(Base):
 #: added to existing databases on open.
 _ADDED_COLUMNS = [
     ("bundles", "text_verified", "BOOLEAN", "FALSE"),
+    ("bundles", "stored_quarantined", "BOOLEAN", "FALSE"),
 ]
 
 
@@ -534,6 +538,9 @@ class SqlState(State):
                     policy_version=bundle.policy_version,
                     stored_at_ms=now_ms,
                     text_verified=bundle.text_verified,
+                    stored_quarantined=bool(session.scalar(
+                        select(ReputationRow.quarantined).where(
+                            ReputationRow.node_id == bundle.node_id))),
                 )
                 session.add(row)
                 session.execute(
@@ -615,6 +622,7 @@ class SqlState(State):
                     BundleRow.node_id != requester_id,
                     NodeRow.banned.is_(False),
                     or_(ReputationRow.quarantined.is_(None), ReputationRow.quarantined.is_(False)),
+                    BundleRow.stored_quarantined.is_(False),
                 )
                 .order_by(BundleRow.sequence)
                 .limit(limit)
