@@ -9,7 +9,7 @@ PIP    := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 ROUNDS ?= 10
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup test test-fast demo bench proto lint clean
+.PHONY: setup test test-fast demo bench bench-learner experiments proto lint clean
 
 setup: $(STAMP)
 
@@ -31,10 +31,23 @@ test-fast: setup
 demo: setup
 	$(BIN)/ftis-client demo --rounds $(ROUNDS) --out $(DEMO_OUT)
 
-# Fuzzes bundle verification (envelope decoding, check_structure, the coordinator's
-# submit path) at scale; exits non-zero on a crash or a state change after a rejection.
-bench: setup
+# All benchmarks: the learner against TRL, then 100k fuzz examples of bundle
+# verification (envelope decoding, check_structure, the coordinator's submit path;
+# exits non-zero on a crash or a state change after a rejection).
+bench: bench-learner
 	$(BIN)/python bench/fuzz_verification.py --examples 100000
+
+# One learner step, FTIS vs TRL's GRPOTrainer (same model, shape, dtype; CPU), measured
+# in the same run: median step-time and peak-memory ratios + our step's breakdown.
+bench-learner: setup
+	$(PIP) -e "client[bench]"
+	$(BIN)/python bench/learner_vs_trl.py --reps 5
+
+# The experiment matrices of docs/results.md (each takes tens of minutes on 2 cores).
+experiments: setup
+	$(BIN)/ftis-client experiment --config experiments/ftis_comparison.json --out runs/ftis_comparison
+	$(BIN)/ftis-client experiment --config experiments/ftis_comparison_diverging.json --out runs/ftis_diverging
+	$(BIN)/ftis-client experiment --config experiments/sapo_sweep.json --out runs/sapo_sweep
 
 proto: setup
 	cd proto && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \

@@ -229,6 +229,32 @@ def test_one_false_reporter_cannot_sink_a_node_with_history(coord, clock) -> Non
     assert coord.evidence(honest.node_id)[0].weight < 0
 
 
+def test_corroborated_negative_feedback_is_not_capped(coord) -> None:
+    """A log-prob forger keeps earning +1 per verified bundle; one receiver's reports are
+    capped at 2, but when two receivers independently report it, the cap is lifted."""
+    forger, a, b = register(coord), register(coord), register(coord)
+    _submit(coord, forger, 6)  # E = 7/8 after 6 verified bundles
+    for r in (a, b):
+        _submit(coord, r, 5)  # reporters past probation, E = 6/7
+    for _ in range(10):
+        _report(coord, a, _feedback(forger, mean_log_ratio=4.0))
+    assert coord.state.get_node(forger.node_id).rep_bad == pytest.approx(2.0)  # capped
+    assert not coord.state.get_node(forger.node_id).quarantined
+    _report(coord, b, _feedback(forger, mean_log_ratio=4.0))
+    # while disputed, its verified bundles earn no credit (it cannot outpace the reports)
+    good = coord.state.get_node(forger.node_id).rep_good
+    _submit(coord, forger, 3)
+    assert coord.state.get_node(forger.node_id).rep_good == pytest.approx(good)
+    for _ in range(20):
+        _report(coord, b, _feedback(forger, mean_log_ratio=4.0))
+        _report(coord, a, _feedback(forger, mean_log_ratio=4.0))
+    node = coord.state.get_node(forger.node_id)
+    assert node.rep_bad > 15 and node.quarantined
+    assert "corroborated" in coord.evidence(forger.node_id)[0].detail
+    # the reporters themselves are untouched
+    assert not coord.state.get_node(a.node_id).quarantined
+
+
 @pytest.mark.parametrize("case", ["unknown", "self", "no-bundle", "foreign", "nan", "negative"])
 def test_invalid_feedback_is_refused_and_charged_to_the_reporter(coord, case) -> None:
     sender, other, reporter = register(coord), register(coord), register(coord)

@@ -85,6 +85,9 @@ class ReputationConfig:
         feedback_cap: most feedback weight (per direction) one reporter can put on one
             sender within one half-life.
         filtered_frac_limit: a report with ``filtered_frac`` above this is negative.
+        corroborating_reporters: when at least this many distinct reporters have made
+            negative reports on a sender within one half-life, their negative reports
+            on it are no longer capped (one false reporter still cannot do it; 0 = never).
     """
 
     quarantine_threshold: float = 0.3
@@ -96,6 +99,7 @@ class ReputationConfig:
     auto_ban_on_proof: bool = True
     feedback_cap: float = 2.0
     filtered_frac_limit: float = 0.5
+    corroborating_reporters: int = 2
 
     def __post_init__(self) -> None:
         problems = validate(self)
@@ -135,6 +139,8 @@ def validate(cfg: ReputationConfig) -> list[str]:
         problems.append(f"feedback_weight must be in [0, 10], got {cfg.feedback_weight}")
     if not (math.isfinite(cfg.log_ratio_tolerance) and cfg.log_ratio_tolerance > 0):
         problems.append(f"log_ratio_tolerance must be > 0, got {cfg.log_ratio_tolerance}")
+    if cfg.corroborating_reporters < 0 or cfg.corroborating_reporters == 1:
+        problems.append("corroborating_reporters must be 0 (off) or >= 2")
     if not (math.isfinite(cfg.feedback_cap) and cfg.feedback_cap >= 0):
         problems.append(f"feedback_cap must be >= 0, got {cfg.feedback_cap}")
     return problems
@@ -242,8 +248,13 @@ def rejection_evidence(code_name: str) -> Evidence:
     return Evidence(kind=kind, weight=weight, detail=code_name)
 
 
-def bundle_evidence(reward_mismatches: int, bundle_id: str) -> Evidence:
-    """+1 for a verified bundle with correct claims, else -2 per mismatched completion."""
+def bundle_evidence(reward_mismatches: int, bundle_id: str, disputed: bool = False) -> Evidence:
+    """+1 for a verified bundle with correct claims, else -2 per mismatched completion.
+
+    ``disputed``: corroborated receiver reports say the sender's log-probs are off, which
+    the coordinator cannot check itself; its verified bundles then earn 0 instead of +1,
+    so the negative reports are not outpaced by the sender's bundle rate.
+    """
     if reward_mismatches > 0:
         return Evidence(
             kind=REWARD_MISMATCH,
@@ -251,6 +262,9 @@ def bundle_evidence(reward_mismatches: int, bundle_id: str) -> Evidence:
             detail=f"{reward_mismatches} claimed rewards differ from the verified ones",
             bundle_id=bundle_id,
         )
+    if disputed:
+        return Evidence(kind=BUNDLE_VERIFIED, weight=0.0, bundle_id=bundle_id,
+                        detail="disputed by corroborated receiver reports: no credit")
     return Evidence(kind=BUNDLE_VERIFIED, weight=WEIGHT_BUNDLE_VERIFIED, bundle_id=bundle_id)
 
 

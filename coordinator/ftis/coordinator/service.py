@@ -349,10 +349,19 @@ class Coordinator:
             raise
         self._add_evidence(
             record.node_id,
-            [reputation.bundle_evidence(record.reward_mismatches, record.bundle_id)],
+            [reputation.bundle_evidence(record.reward_mismatches, record.bundle_id,
+                                        disputed=self._disputed(record.node_id, now))],
             now,
         )
         return record
+
+    def _disputed(self, node_id: str, now: int) -> bool:
+        """Corroborated negative receiver reports on ``node_id`` within one half-life."""
+        cfg = self.reputation_config
+        if cfg.corroborating_reporters < 2:
+            return False
+        since = now - int(cfg.half_life_s * 1000)
+        return len(self.state.negative_reporters(node_id, since)) >= cfg.corroborating_reporters
 
     def _admit_bundle(self, node_id: str, size_bytes: int) -> None:
         if not self.quotas.admit_bundle(node_id, size_bytes):
@@ -562,7 +571,11 @@ class Coordinator:
             )
             raw = reputation.feedback_weight(negative, reporter_score, cfg)
             used_pos, used_neg = self.state.feedback_used(reporter.node_id, sender_id, window_start)
-            weight = reputation.capped(raw, used_neg if negative else used_pos, cfg)
+            corroborated = negative and cfg.corroborating_reporters >= 2 and len(
+                self.state.negative_reporters(sender_id, window_start) | {reporter.node_id}
+            ) >= cfg.corroborating_reporters
+            weight = raw if corroborated else reputation.capped(
+                raw, used_neg if negative else used_pos, cfg)
             detail = (
                 f"{'negative' if negative else 'positive'}: groups={f.groups} "
                 f"tokens={f.tokens} mean_log_ratio={f.mean_log_ratio:.3f} "
@@ -571,6 +584,8 @@ class Coordinator:
             )
             if weight != raw:
                 detail += f" (capped from {raw:.3f})"
+            if corroborated:
+                detail += " (corroborated by other reporters: not capped)"
             self._add_evidence(
                 sender_id,
                 [

@@ -318,6 +318,10 @@ class State(abc.ABC):
         """A node's evidence rows, newest first."""
 
     @abc.abstractmethod
+    def negative_reporters(self, sender_id: str, since_ms: int) -> set[str]:
+        """Distinct reporters with negative feedback evidence on ``sender_id`` since then."""
+
+    @abc.abstractmethod
     def feedback_used(self, reporter_id: str, sender_id: str, since_ms: int) -> tuple[float, float]:
         """``(positive, negative)`` feedback weight (magnitudes) ``reporter_id`` put on
         ``sender_id`` since ``since_ms``."""

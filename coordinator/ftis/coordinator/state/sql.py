@@ -798,6 +798,18 @@ class SqlState(State):
                 for r in rows
             ]
 
+    def negative_reporters(self, sender_id: str, since_ms: int) -> set[str]:
+        with self._session() as session:
+            rows = session.scalars(
+                select(EvidenceRow.reporter_node_id).distinct().where(
+                    EvidenceRow.node_id == sender_id,
+                    EvidenceRow.kind == reputation.FEEDBACK,
+                    EvidenceRow.weight < 0,
+                    EvidenceRow.at_ms >= since_ms,
+                )
+            )
+            return {r for r in rows if r}
+
     def feedback_used(self, reporter_id: str, sender_id: str, since_ms: int) -> tuple[float, float]:
         positive = case((EvidenceRow.weight > 0, EvidenceRow.weight), else_=0.0)
         negative = case((EvidenceRow.weight < 0, -EvidenceRow.weight), else_=0.0)
