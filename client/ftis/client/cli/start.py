@@ -39,6 +39,8 @@ def start(
     out: Annotated[Path | None, typer.Option(help="output folder (metrics, checkpoints)")] = None,
     key_file: Annotated[Path | None, typer.Option(help="node key (PEM, 0600)")] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(
+        help="checkpoint every k rounds (and after the last)")] = None,
     display_name: Annotated[str | None, typer.Option()] = None,
     eval_every: Annotated[int | None, typer.Option(
         help="greedy pass@1 on held-out and OOD sets every k rounds (0 = off)")] = None,

@@ -110,7 +110,8 @@ def _client_args(cfg: ExperimentConfig, cell: dict, role: ClientRole, k: int,
             "--group-size", str(cfg.group_size), "--max-new-tokens", str(cfg.max_new_tokens),
             "--temperature", str(cfg.temperature),
             "--method", "on_policy" if method == "alone" else method,
-            "--seed", str(1000 * cell["seed"] + k), "--display-name", role.name]
+            "--seed", str(1000 * cell["seed"] + k), "--display-name", role.name,
+            "--checkpoint-every", str(cfg.rounds)]
     if role.learning_rate is not None:
         args += ["--learning-rate", str(role.learning_rate)]
     if cfg.eval_every:
@@ -151,6 +152,8 @@ def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
         if any(codes.values()):
             raise RuntimeError(f"cell {cell['name']}: client exit codes {codes}; "
                                f"see {cdir / 'logs'}")
+        for role in cell["pairing"].clients:  # weights + AdamW state: ~1.6 GB per 135M model
+            shutil.rmtree(cdir / role.name / "checkpoints", ignore_errors=True)
         (cdir / "DONE").write_text("ok\n")
     rows = []
     for role in cell["pairing"].clients:

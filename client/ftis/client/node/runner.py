@@ -233,7 +233,7 @@ class VolunteerNode:
                   "external_senders": [g.sender for g in external]}
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
-        if self.round % cfg.checkpoint_every == 0:
+        if self.round % cfg.checkpoint_every == 0 or last:
             self.checkpoint()
         return RoundResult(self.round, stats)
 
