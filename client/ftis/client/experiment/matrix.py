@@ -165,7 +165,8 @@ def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
 def _row(cell: dict, role: ClientRole, rec: dict) -> dict:
     keep = ("round", "reward_mean", "tokens_per_second", "is_weight_mean", "is_weight_max",
             "filtered_frac", "external_is_weight_mean", "external_is_weight_max",
-            "external_filtered_frac", "external_groups_used", "round_seconds", "peak_rss_mb",
+            "external_filtered_frac", "external_is_weight_raw_max", "external_truncated_frac",
+            "external_divergence_mean", "external_groups_used", "round_seconds", "peak_rss_mb",
             "eval_heldout", "eval_ood")
     return {"cell": cell["name"], "pairing": cell["pairing"].name, "mix": cell["mix"].label,
             "method": cell["method"], "seed": cell["seed"], "client": role.name,
