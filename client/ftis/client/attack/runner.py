@@ -32,22 +32,17 @@ def run_attack(cfg: Any, kind: str, options: AttackOptions, log_path: Path | Non
         banned is an expected outcome of an attack).
     """
     import grpc
-    import torch
-    import transformers
 
     from ftis.client.cli import exit_codes
     from ftis.client.models.loader import LoraSettings, load_policy
+    from ftis.client.node.runtime import configure_runtime
     from ftis.client.swarm.connection import SwarmConnection
     from ftis.protocol.errors import ErrorCode, FtisError
     from ftis.protocol.identity import NodeIdentity
 
     if kind not in NODE_CLASSES:
         raise ValueError(f"unknown attack kind {kind!r}; one of {sorted(NODE_CLASSES)}")
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
+    configure_runtime(cfg)
     identity = NodeIdentity.load_or_create(cfg.key_file)
     attack_log = AttackLog(log_path or Path(cfg.out) / "attack.jsonl", kind, identity.node_id)
     policy = load_policy(cfg.model, peft=cfg.peft,

@@ -69,21 +69,16 @@ def start(
 def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
     """Start a node from ``cfg``; returns an exit code."""
     import grpc
-    import torch
-    import transformers
 
     from ftis.client.models.loader import LoraSettings, load_policy
     from ftis.client.models.registry import ModelNotFoundError
     from ftis.client.node.runner import VolunteerNode
+    from ftis.client.node.runtime import configure_runtime
     from ftis.client.swarm.connection import SwarmConnection
     from ftis.protocol.errors import FtisError
     from ftis.protocol.identity import NodeIdentity
 
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
+    configure_runtime(cfg)
     identity = NodeIdentity.load_or_create(cfg.key_file)
     console.print(f"node [bold]{identity.node_id}[/bold] (key {cfg.key_file})")
     try:

@@ -99,11 +99,13 @@ def start_coordinator(out: Path, extra_args: list[str] | None = None,
     return proc, info["listen"], info["admin"]
 
 
-def start_client(swarm: Swarm, spec: ClientSpec, threads: int | None = 1) -> subprocess.Popen:
-    """Start ``ftis-client start`` for ``spec`` against ``swarm``'s coordinator."""
+def _start_node(swarm: Swarm, spec: ClientSpec, command: list[str],
+                threads: int | None) -> subprocess.Popen:
+    """Start ``ftis-client COMMAND...`` for ``spec``: ``OUT/NAME/`` holds its key and
+    outputs, ``OUT/logs/NAME.log`` its log."""
     out = swarm.out / spec.name
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "ftis.client.cli.main", "start",
+    cmd = [sys.executable, "-m", "ftis.client.cli.main", *command,
            "--coordinator", swarm.listen, "--out", str(out),
            "--key-file", str(out / "node_key.pem"), *spec.args]
     if threads:
@@ -112,6 +114,11 @@ def start_client(swarm: Swarm, spec: ClientSpec, threads: int | None = 1) -> sub
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(threads))
     swarm.clients[spec.name] = proc
     return proc
+
+
+def start_client(swarm: Swarm, spec: ClientSpec, threads: int | None = 1) -> subprocess.Popen:
+    """Start ``ftis-client start`` for ``spec`` against ``swarm``'s coordinator."""
+    return _start_node(swarm, spec, ["start"], threads)
 
 
 def launch(out: Path, clients: list[ClientSpec], threads_per_client: int | None = 1,
@@ -135,14 +142,4 @@ def start_attacker(swarm: Swarm, spec: ClientSpec, kind: str,
     Same layout as :func:`start_client`: ``OUT/NAME/`` (key, metrics, ``attack.jsonl``)
     and ``OUT/logs/NAME.log``; ``spec.args`` takes ``start`` flags and attack options.
     """
-    out = swarm.out / spec.name
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "ftis.client.cli.main", "attack", "--kind", kind,
-           "--coordinator", swarm.listen, "--out", str(out),
-           "--key-file", str(out / "node_key.pem"), *spec.args]
-    if threads:
-        cmd += ["--threads", str(threads)]
-    log = open(swarm.out / "logs" / f"{spec.name}.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(threads))
-    swarm.clients[spec.name] = proc
-    return proc
+    return _start_node(swarm, spec, ["attack", "--kind", kind], threads)
