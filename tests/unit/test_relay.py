@@ -145,3 +145,19 @@ def test_relayed_envelope_still_verifies() -> None:
     assert relayed.dataset == "chain_sum"
     # The sender's score after one mismatched claim: E = (0 + 1) / (0 + 2 + 2).
     assert relayed.sender_reputation == 0.25
+
+
+def test_relay_carries_the_leased_question_from_coordinator_records(coord) -> None:
+    """Cross-tokenizer receivers render their own prompt from the relayed question, which
+    comes from the lease, never from the sender's bundle."""
+    from ftis.coordinator.server.convert import relayed_bundle
+
+    sender, reader = register(coord, FP_B), register(coord, FP_A)
+    leases = coord.lease_tasks(sender.node_id, 2, 2, 16)
+    for lease in leases:
+        bundle = build_bundle(lease, sender, fingerprint=FP_B)
+        coord.submit_bundle(seal_bundle(bundle, sender))
+    page, _ = coord.pull_bundles(reader.node_id, 0, 64)
+    assert [x.question for x in page] == [lease.entry.question for lease in leases]
+    assert all(x.question for x in page)
+    assert relayed_bundle(page[0]).task_question == leases[0].entry.question

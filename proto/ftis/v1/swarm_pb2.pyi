@@ -141,20 +141,22 @@ class PullBundlesRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., cursor: _Optional[int] = ..., max_bundles: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., skip_zero_variance: _Optional[bool] = ..., auth: _Optional[_Union[_common_pb2.RequestAuth, _Mapping]] = ...) -> None: ...
 
 class RelayedBundle(_message.Message):
-    __slots__ = ("sequence", "bundle_id", "envelope", "verified_rewards", "stored_at_ms", "sender_reputation")
+    __slots__ = ("sequence", "bundle_id", "envelope", "verified_rewards", "stored_at_ms", "sender_reputation", "task_question")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_ID_FIELD_NUMBER: _ClassVar[int]
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_REWARDS_FIELD_NUMBER: _ClassVar[int]
     STORED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     SENDER_REPUTATION_FIELD_NUMBER: _ClassVar[int]
+    TASK_QUESTION_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     bundle_id: str
     envelope: _bundle_pb2.SignedEnvelope
     verified_rewards: _containers.RepeatedScalarFieldContainer[float]
     stored_at_ms: int
     sender_reputation: float
-    def __init__(self, sequence: _Optional[int] = ..., bundle_id: _Optional[str] = ..., envelope: _Optional[_Union[_bundle_pb2.SignedEnvelope, _Mapping]] = ..., verified_rewards: _Optional[_Iterable[float]] = ..., stored_at_ms: _Optional[int] = ..., sender_reputation: _Optional[float] = ...) -> None: ...
+    task_question: str
+    def __init__(self, sequence: _Optional[int] = ..., bundle_id: _Optional[str] = ..., envelope: _Optional[_Union[_bundle_pb2.SignedEnvelope, _Mapping]] = ..., verified_rewards: _Optional[_Iterable[float]] = ..., stored_at_ms: _Optional[int] = ..., sender_reputation: _Optional[float] = ..., task_question: _Optional[str] = ...) -> None: ...
 
 class PullBundlesResponse(_message.Message):
     __slots__ = ("error", "bundles", "next_cursor")

@@ -19,6 +19,10 @@ class RolloutGroup:
         local: True for the learner's own rollouts, False for external (relayed) ones.
         sender: node id of the generator.
         policy_version: the generator's step when sampling.
+        gen_sequence_logprobs: for a generator with another tokenizer (DESIGN.md section
+            6): G summed sampler log-probs (nats) of the generator's own tokens; the
+            ``completions`` are then the receiver's re-tokenization of the text and
+            ``gen_logprobs`` hold zeros (no per-token alignment exists).
     """
 
     prompt_ids: list[int]
@@ -30,6 +34,7 @@ class RolloutGroup:
     policy_version: int = 0
     task_id: str = ""
     meta: dict = field(default_factory=dict)
+    gen_sequence_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completions)
@@ -38,6 +43,13 @@ class RolloutGroup:
         for ids, lps in zip(self.completions, self.gen_logprobs, strict=True):
             if len(ids) != len(lps):
                 raise ValueError("token ids and log-probs differ in length")
+        if self.gen_sequence_logprobs is not None and len(self.gen_sequence_logprobs) != n:
+            raise ValueError("a cross-tokenizer group needs one sequence log-prob per completion")
+
+    @property
+    def cross_tokenizer(self) -> bool:
+        """True when the generator's tokens do not align with the receiver's."""
+        return self.gen_sequence_logprobs is not None
 
     @property
     def reward_variance_zero(self) -> bool:
@@ -54,6 +66,8 @@ class Sample:
     advantage: float
     local: bool
     sender: str = ""
+    #: generator's summed log-prob (nats) when its tokenizer differs, else ``None``
+    gen_sequence_logprob: float | None = None
 
 
 @dataclass
@@ -75,6 +89,8 @@ class PackedBatch:
         advantages: ``[B]`` float32.
         logits_to_keep: ``K + 1``: logits of the last K + 1 positions; dropping the last
             one aligns ``logits[:, t]`` with ``targets[:, t]``.
+        gen_sequence_logprobs: ``[B]`` float32 generator sequence log-probs when every
+            sample is cross-tokenizer, else ``None`` (batches never mix the two).
     """
 
     input_ids: torch.Tensor
@@ -85,6 +101,7 @@ class PackedBatch:
     gen_logprobs: torch.Tensor
     advantages: torch.Tensor
     logits_to_keep: int
+    gen_sequence_logprobs: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -97,6 +114,9 @@ def pack(samples: list[Sample], pad_token_id: int) -> PackedBatch:
         raise ValueError("cannot pack an empty list of samples")
     if any(not s.prompt_ids or not s.completion_ids for s in samples):
         raise ValueError("every sample needs at least one prompt and one completion token")
+    cross = {s.gen_sequence_logprob is not None for s in samples}
+    if len(cross) > 1:
+        raise ValueError("a batch cannot mix cross-tokenizer and token-aligned samples")
     p_max = max(len(s.prompt_ids) for s in samples)
     k = max(len(s.completion_ids) for s in samples)
     b = len(samples)
@@ -112,5 +132,7 @@ def pack(samples: list[Sample], pad_token_id: int) -> PackedBatch:
         lp_gen[i, :c] = torch.tensor(s.gen_logprobs, dtype=torch.float32)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    seq_gen = (torch.tensor([s.gen_sequence_logprob for s in samples], dtype=torch.float32)
+               if cross == {True} else None)
     return PackedBatch(input_ids, attention, positions, input_ids[:, p_max:], mask, lp_gen,
-                       advantages, k + 1)
+                       advantages, k + 1, seq_gen)

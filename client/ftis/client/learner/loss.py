@@ -45,6 +45,9 @@ __all__ = [
     "policy_loss",
     "selective_log_softmax",
     "sequence_divergence",
+    "sequence_importance_weights",
+    "sequence_level_divergence",
+    "sequence_level_policy_loss",
 ]
 
 METHODS: tuple[str, ...] = ("on_policy", "nois", "vis", "tis", "ftis")
@@ -538,7 +541,29 @@ def policy_loss(
     w = importance_weights(old, gen, method, config.truncation)
     raw_w = importance_weights(old, gen, "vis", config.truncation)
     divergence = sequence_divergence(old, gen, m, config.divergence)
-    if method == "ftis":
+    truncated = raw_w > config.truncation if method in ("tis", "ftis") else torch.zeros_like(m)
+    return _weighted_surrogate(theta, old, w, raw_w, truncated, old - gen, divergence, adv, m,
+                               config)
+
+
+def _weighted_surrogate(
+    theta: Tensor,
+    old: Tensor,
+    w: Tensor,
+    raw_w: Tensor,
+    truncated: Tensor,
+    log_ratio_gen: Tensor,
+    divergence: Tensor,
+    adv: Tensor,
+    m: Tensor,
+    config: LossConfig,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Shared tail of the token- and sequence-level losses: F-TIS filter, clipped
+    surrogate weighted by ``w``, aggregation and statistics (inputs already sanitised;
+    ``w``/``raw_w``/``truncated``/``log_ratio_gen`` are ``[B, T]``, per token)."""
+    dtype = theta.dtype
+    zero = torch.zeros((), dtype=dtype, device=theta.device)
+    if config.method == "ftis":
         adv, filtered = ftis_filter(adv, divergence, config.filter_threshold)
     else:
         filtered = torch.zeros_like(m[:, 0])
@@ -561,11 +586,7 @@ def policy_loss(
     with torch.no_grad():
         r = rho.detach()
         clipped = ((r < lo) & (a_tok < 0)) | ((r > hi) & (a_tok > 0))
-        if method in ("tis", "ftis"):
-            truncated = raw_w > config.truncation
-        else:
-            truncated = torch.zeros_like(m)
-        n_seq = max(shape[0], 1)
+        n_seq = max(m.shape[0], 1)
         stats = {
             "is_weight_mean": _masked_mean(w, m),
             "is_weight_max": _masked_max(w, m),
@@ -574,7 +595,157 @@ def policy_loss(
             "filtered_frac": filtered.to(dtype).sum() / n_seq,
             "divergence_mean": divergence.sum() / n_seq,
             "clip_frac": _masked_mean(clipped.to(dtype), m),
-            "logratio_gen_mean": _masked_mean(old - gen, m),
+            "logratio_gen_mean": _masked_mean(log_ratio_gen, m),
         }
     stats = {k: v.detach().to(dtype) for k, v in stats.items()}
     return loss, stats
+
+
+# ------------------------------------------------------- cross-tokenizer (sequence level)
+
+
+def sequence_importance_weights(
+    seq_lp_old: Tensor, seq_lp_gen: Tensor, method: str, truncation: float = 2.0
+) -> Tensor:
+    """Per-completion stop-gradient weight when tokens do not align (DESIGN.md section 6).
+
+    A receiver whose tokenizer differs from the generator's cannot pair per-token
+    log-probs; it re-tokenizes the completion text and compares whole-sequence
+    log-likelihoods ``S_old = sum_t lp_old_t`` (its own tokens) and ``S_gen = sum_t
+    lp_gen_t`` (the generator's tokens) -- both estimate log P(text | question) under
+    each model, so ``exp(S_old - S_gen)`` is the sequence-level importance ratio
+    pi_learner(y) / pi_gen(y) (sequence-level IS as in GSPO, Zheng et al. 2025,
+    arXiv 2507.18071, without its length normalisation), truncated like TIS:
+
+    * ``on_policy``, ``nois``: ``w = 1``;
+    * ``vis``: ``w = exp(S_old - S_gen)``;
+    * ``tis``, ``ftis``: ``w = min(exp(S_old - S_gen), C)``.
+
+    The log-ratio is clamped to ``[-20, 20]`` (and to ``log C`` for truncated methods)
+    before ``exp``.
+
+    Args:
+        seq_lp_old: ``[B]`` learner sequence log-likelihoods (nats, summed over tokens).
+        seq_lp_gen: ``[B]`` generator sequence log-probs (nats, summed over its tokens).
+        method: one of :data:`METHODS`.
+        truncation: C, finite and ``> 0``.
+
+    Returns:
+        ``[B]`` detached weights, float32 (float64 for float64 inputs).
+
+    Raises:
+        ValueError: on an unknown method, invalid C or shape mismatch.
+    """
+    _check_method(method)
+    _check_truncation(truncation)
+    _check_same_shape(1, seq_lp_old=seq_lp_old, seq_lp_gen=seq_lp_gen)
+    dtype = _float_dtype(seq_lp_old, seq_lp_gen)
+    if method in ("on_policy", "nois"):
+        return torch.ones(seq_lp_old.shape, dtype=dtype, device=seq_lp_old.device)
+    log_ratio = (seq_lp_old.detach().to(dtype) - seq_lp_gen.detach().to(dtype)).clamp(
+        -_MAX_LOG_RATIO, _MAX_LOG_RATIO
+    )
+    if method in ("tis", "ftis"):
+        log_ratio = log_ratio.clamp(max=math.log(truncation))
+    return torch.exp(log_ratio)
+
+
+def sequence_level_divergence(
+    seq_lp_old: Tensor, seq_lp_gen: Tensor, estimator: str = "kl_learner_gen"
+) -> Tensor:
+    """Per-completion divergence for the F-TIS filter when tokens do not align.
+
+    The estimators of :func:`sequence_divergence` applied once to the whole sequence,
+    with ``R = exp(S_old - S_gen)`` (the sequence ratio of the completion, a sample of
+    the generator): ``kl_learner_gen``: ``R log R - R + 1``; ``kl_gen_learner``:
+    ``(R - 1) - log R``. Both are non-negative, unbiased single-sample estimates of the
+    KL between the two models' distributions over completion texts, which by the chain
+    rule equals the summed per-token conditional KLs -- the same scale (nats per
+    sequence) as the token-level :func:`sequence_divergence` and the paper's g = 50.
+    ``log R`` is clamped to ``[-20, 20]``.
+
+    Args:
+        seq_lp_old: ``[B]`` learner sequence log-likelihoods (nats).
+        seq_lp_gen: ``[B]`` generator sequence log-probs (nats).
+        estimator: one of :data:`DIVERGENCES`.
+
+    Returns:
+        ``[B]`` detached, non-negative divergences (nats).
+
+    Raises:
+        ValueError: on an unknown estimator or shape mismatch.
+    """
+    if estimator not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {estimator!r}; expected one of {DIVERGENCES}")
+    _check_same_shape(1, seq_lp_old=seq_lp_old, seq_lp_gen=seq_lp_gen)
+    dtype = _float_dtype(seq_lp_old, seq_lp_gen)
+    log_r = (seq_lp_old.detach().to(dtype) - seq_lp_gen.detach().to(dtype)).clamp(
+        -_MAX_LOG_RATIO, _MAX_LOG_RATIO
+    )
+    r = torch.exp(log_r)
+    d = r * log_r - r + 1.0 if estimator == "kl_learner_gen" else (r - 1.0) - log_r
+    return d.clamp(min=0.0)
+
+
+def sequence_level_policy_loss(
+    lp_theta: Tensor,
+    lp_old: Tensor,
+    seq_lp_gen: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    config: LossConfig,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`policy_loss` for completions from a generator with another tokenizer.
+
+    Identical to :func:`policy_loss` (clipped surrogate, aggregation, F-TIS filter)
+    except that the generator is known only through its sequence log-prob ``S_gen``:
+    every token of completion ``i`` gets the same weight
+    ``w_i = sequence_importance_weights(S_old_i, S_gen_i, method, C)`` with
+    ``S_old_i = sum_t lp_old_it``, and the filter uses
+    :func:`sequence_level_divergence`. ``nois`` gives ``w = 1`` (DESIGN.md section 6:
+    the fallback when configured). Statistics are those of :func:`policy_loss`, with the
+    sequence weight broadcast to the completion's tokens and ``logratio_gen_mean`` the
+    token-weighted mean of ``S_old - S_gen``.
+
+    Args:
+        lp_theta: ``[B, T]`` learner log-probs of the re-tokenized completion, with grad.
+        lp_old: ``[B, T]`` the same at the step start (detached here).
+        seq_lp_gen: ``[B]`` generator sequence log-probs (nats).
+        advantages: ``[B]`` advantages (detached here).
+        mask: ``[B, T]`` non-zero on completion tokens.
+        config: :class:`LossConfig`.
+
+    Returns:
+        ``(loss, stats)`` as :func:`policy_loss`.
+
+    Raises:
+        TypeError: if ``config`` is not a :class:`LossConfig`.
+        ValueError: on shape mismatch.
+    """
+    if not isinstance(config, LossConfig):
+        raise TypeError(f"config must be a LossConfig, got {type(config).__name__}")
+    shape = _check_same_shape(2, lp_theta=lp_theta, lp_old=lp_old, mask=mask)
+    _check_same_shape(1, advantages=advantages, seq_lp_gen=seq_lp_gen)
+    if advantages.shape[0] != shape[0]:
+        raise ValueError(f"advantages and seq_lp_gen must be [B] = [{shape[0]}], got "
+                         f"{tuple(advantages.shape)}")
+    dtype = _float_dtype(lp_theta)
+    m = mask != 0
+    zero = torch.zeros((), dtype=dtype, device=lp_theta.device)
+    theta = torch.where(m, lp_theta.to(dtype), zero)
+    old = torch.where(m, lp_old.detach().to(dtype), zero)
+    s_old = old.sum(dim=-1)
+    s_gen = seq_lp_gen.detach().to(dtype)
+    adv = advantages.detach().to(dtype)
+    method = config.method
+    w_seq = sequence_importance_weights(s_old, s_gen, method, config.truncation)
+    raw_seq = sequence_importance_weights(s_old, s_gen, "vis", config.truncation)
+    divergence = sequence_level_divergence(s_old, s_gen, config.divergence)
+    trunc_seq = (raw_seq > config.truncation if method in ("tis", "ftis")
+                 else torch.zeros_like(raw_seq, dtype=torch.bool))
+    per_tok = torch.ones_like(old)
+    return _weighted_surrogate(
+        theta, old, w_seq.unsqueeze(-1) * per_tok, raw_seq.unsqueeze(-1) * per_tok,
+        trunc_seq.unsqueeze(-1) & m, (s_old - s_gen).unsqueeze(-1) * per_tok, divergence,
+        adv, m, config,
+    )

@@ -7,6 +7,7 @@ step per batch, ``lp_old`` equals ``lp_theta`` in value, so it is taken as
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from ftis.client.learner.loss import (
     importance_weights,
     policy_loss,
     sequence_divergence,
+    sequence_level_divergence,
+    sequence_level_policy_loss,
 )
 
 
@@ -36,6 +39,9 @@ class LearnerConfig:
     micro_batch_size: int = 8
     scale_advantages_by_std: bool = True
     adam_betas: tuple[float, float] = (0.9, 0.999)
+    #: loss for cross-tokenizer groups (DESIGN.md section 6): ``sequence`` = the method's
+    #: sequence-level weights (:func:`sequence_level_policy_loss`); ``nois`` = weight 1
+    cross_tokenizer: str = "sequence"
 
 
 def groups_to_samples(groups: list[RolloutGroup], scale_by_std: bool) -> list[Sample]:
@@ -49,8 +55,10 @@ def groups_to_samples(groups: list[RolloutGroup], scale_by_std: bool) -> list[Sa
         if g.reward_variance_zero:
             continue
         adv = group_advantages(torch.tensor([g.rewards], dtype=torch.float32), scale_by_std)[0]
-        for ids, lps, a in zip(g.completions, g.gen_logprobs, adv.tolist(), strict=True):
-            samples.append(Sample(g.prompt_ids, ids, lps, a, g.local, g.sender))
+        seq = g.gen_sequence_logprobs or [None] * len(g.completions)
+        for ids, lps, a, sq in zip(g.completions, g.gen_logprobs, adv.tolist(), seq,
+                                   strict=True):
+            samples.append(Sample(g.prompt_ids, ids, lps, a, g.local, g.sender, sq))
     return samples
 
 
@@ -115,17 +123,27 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         t_forward = t_backward = 0.0
-        acc: dict[str, dict[str, float]] = {"all": {}, "external": {}}
-        for local in (True, False):
-            part = sorted((s for s in samples if s.local == local),
+        acc: dict[str, dict[str, float]] = {"all": {}, "external": {}, "cross": {}}
+        # local, external token-aligned, external cross-tokenizer: never mixed in a batch
+        for local, cross in ((True, False), (False, False), (False, True)):
+            part = sorted((s for s in samples if s.local == local
+                           and (s.gen_sequence_logprob is not None) == cross),
                           key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
             for i in range(0, len(part), cfg.micro_batch_size):
                 mb = part[i : i + cfg.micro_batch_size]
                 batch = pack(mb, self.pad_token_id)
                 t1 = time.perf_counter()
                 lp_theta = self._forward_logprobs(batch)
-                loss, stats = policy_loss(lp_theta, lp_theta.detach(), batch.gen_logprobs,
-                                          batch.advantages, batch.completion_mask, cfg.loss)
+                if batch.gen_sequence_logprobs is not None:
+                    cross_loss = (dataclasses.replace(cfg.loss, method="nois")
+                                  if cfg.cross_tokenizer == "nois" else cfg.loss)
+                    loss, stats = sequence_level_policy_loss(
+                        lp_theta, lp_theta.detach(), batch.gen_sequence_logprobs,
+                        batch.advantages, batch.completion_mask, cross_loss)
+                else:
+                    loss, stats = policy_loss(lp_theta, lp_theta.detach(),
+                                              batch.gen_logprobs, batch.advantages,
+                                              batch.completion_mask, cfg.loss)
                 n_tok, n_seq = batch.num_tokens, len(mb)
                 scale = (n_tok / total_tokens if cfg.loss.aggregation == "token"
                          else n_seq / total_seqs)
@@ -136,7 +154,9 @@ class Learner:
                 if not local:
                     self._record_senders(mb, lp_theta.detach(), batch)
                 loss_sum += float(loss.detach()) * scale
-                for key in (("all",) if local else ("all", "external")):
+                keys = ("all",) if local else ("all", "external", "cross") if cross else (
+                    "all", "external")
+                for key in keys:
                     _accumulate(acc[key], stats, n_tok, n_seq)
         t3 = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
@@ -155,7 +175,8 @@ class Learner:
             train_tokens=float(total_tokens),
             learner_seconds=time.perf_counter() - t0,
         )
-        for prefix, a in (("", acc["all"]), ("external_", acc["external"])):
+        for prefix, a in (("", acc["all"]), ("external_", acc["external"]),
+                          ("cross_", acc["cross"])):
             metrics.update({prefix + k: v for k, v in _finish(a).items()})
         return metrics
 
@@ -163,6 +184,20 @@ class Learner:
     def _record_senders(self, mb: list[Sample], lp_old: torch.Tensor, batch: PackedBatch) -> None:
         cfg = self.config.loss
         mask = batch.completion_mask
+        if batch.gen_sequence_logprobs is not None:
+            # Another tokenizer (often another family): a large sequence log-ratio is
+            # expected there, so it is not reported as evidence about the sender; only
+            # the count and the filter decisions are.
+            s_old = torch.where(mask, lp_old, torch.zeros_like(lp_old)).sum(-1)
+            div = sequence_level_divergence(s_old, batch.gen_sequence_logprobs,
+                                            cfg.divergence)
+            _, filtered = ftis_filter(batch.advantages, div, cfg.filter_threshold)
+            for i, s in enumerate(mb):
+                st = self.sender_stats.setdefault(s.sender, SenderStats())
+                st.completions += 1
+                st.cross_tokenizer_completions += 1
+                st.filtered += int(filtered[i])
+            return
         log_ratio = torch.where(mask, lp_old - batch.gen_logprobs, torch.zeros_like(lp_old))
         raw_w = importance_weights(lp_old, batch.gen_logprobs, "vis")
         truncated = ((raw_w > cfg.truncation) & mask).sum(-1)
@@ -190,6 +225,8 @@ class SenderStats:
     log_ratio_sum: float = 0.0
     truncated_tokens: int = 0
     filtered: int = 0
+    #: completions re-tokenized from another tokenizer (no token-level statistics)
+    cross_tokenizer_completions: int = 0
 
     @property
     def mean_log_ratio(self) -> float:

@@ -7,7 +7,11 @@ of a round are drawn from the unused ones with probability proportional to the
 sender's reputation as reported by the relay (uniform, as in SAPO, when all senders
 are equally trusted); the oldest groups are dropped when the pool exceeds its capacity.
 Where the receiver shares the sender's tokenizer it also checks
-``text == decode(token_ids)``. Per-sender rejections are kept for receiver feedback.
+``text == decode(token_ids)``. Bundles from another tokenizer are accepted only with a
+:class:`~ftis.client.swarm.cross_tokenizer.Retokenizer`: their text is re-tokenized under
+the receiver's own prompt for the relayed task question, and the group carries the
+generator's sequence log-probs (DESIGN.md section 6). Per-sender rejections are kept for
+receiver feedback.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from ftis.client.learner.batch import RolloutGroup
+from ftis.client.swarm.cross_tokenizer import Retokenizer, retokenize_bundle
 from ftis.protocol.bundles import MAX_BUNDLE_BYTES, BundleLimits, check_structure
 from ftis.protocol.envelope import open_envelope
 from ftis.protocol.errors import FtisError
@@ -38,12 +43,15 @@ class ExternalPool:
             from the same sender by more than this many steps (``None`` = keep all).
         decode: ``token_ids -> text`` with the receiver's tokenizer (same fingerprint as the
             sender's), used to check each completion's text; ``None`` skips the check.
+        retokenizer: accept bundles of other tokenizer fingerprints by re-tokenizing their
+            text (``None``: such bundles are dropped with code 113).
     """
 
     def __init__(self, own_node_id: str, vocab_size: int, fingerprint: str,
                  capacity: int = 256, max_policy_lag: int | None = None,
                  rng: random.Random | None = None,
-                 decode: Callable[[list[int]], str] | None = None) -> None:
+                 decode: Callable[[list[int]], str] | None = None,
+                 retokenizer: Retokenizer | None = None) -> None:
         self.own_node_id = own_node_id
         self.vocab_size = vocab_size
         self.fingerprint = fingerprint
@@ -53,6 +61,9 @@ class ExternalPool:
         self.max_policy_lag = max_policy_lag
         self.rng = rng or random.Random(0)
         self.decode = decode
+        self.retokenizer = retokenizer
+        #: relayed bundles kept through the cross-tokenizer path
+        self.cross_tokenizer_accepted = 0
         #: per sender: relayed bundles that failed local re-verification / text checks
         self.invalid_by_sender: Counter[str] = Counter()
         self.text_mismatch_by_sender: Counter[str] = Counter()
@@ -67,37 +78,57 @@ class ExternalPool:
                                            MAX_BUNDLE_BYTES)
             if sender == self.own_node_id or bundle.node_id != sender:
                 raise FtisError(112, "own bundle or node id not matching the signing key")
-            if bundle.model_card.tokenizer_fingerprint != self.fingerprint:
+            cross = bundle.model_card.tokenizer_fingerprint != self.fingerprint
+            if cross and self.retokenizer is None:
                 raise FtisError(113, "tokenizer fingerprint differs")
+            # token ids are bounded by the vocabulary of the tokenizer that made them
+            vocab = int(bundle.model_card.vocab_size) if cross else self.vocab_size
             limits = BundleLimits(len(bundle.completions), bundle.sampling.max_new_tokens,
-                                  self.vocab_size)
+                                  vocab)
             check_structure(bundle, limits)
             if len(relayed.verified_rewards) != len(bundle.completions):
                 raise FtisError(103, "verified rewards do not match the completions")
-            if self.decode is not None:
+            if cross:
+                try:
+                    prompt_ids, completions, seq_lps = retokenize_bundle(
+                        bundle, relayed.task_question, self.retokenizer)
+                except ValueError as exc:
+                    raise FtisError(113, f"cannot re-tokenize: {exc}") from exc
+            elif self.decode is not None:
                 bad = sum(self.decode(list(c.token_ids)) != c.text for c in bundle.completions)
                 if bad:
                     self.text_mismatch_by_sender[sender] += bad
                     raise FtisError(150, f"{bad} completions' text differs from their tokens")
         except FtisError as exc:
             self.rejected += 1
-            if sender and exc.code != 150:
+            # 150 is counted separately; 113 (another tokenizer that cannot be used here)
+            # is no evidence against the sender
+            if sender and exc.code not in (113, 150):
                 self.invalid_by_sender[sender] += 1
             log.warning("dropping relayed bundle %s: %s", relayed.bundle_id, exc)
             return False
-        group = RolloutGroup(
-            prompt_ids=list(bundle.prompt_token_ids),
-            completions=[list(c.token_ids) for c in bundle.completions],
-            gen_logprobs=[list(c.logprobs) for c in bundle.completions],
-            rewards=list(relayed.verified_rewards),
-            local=False,
-            sender=sender,
-            policy_version=bundle.policy_version,
-            task_id=bundle.task_id,
-            meta={"bundle_id": relayed.bundle_id, "base_model": bundle.model_card.base_model},
-        )
+        meta = {"bundle_id": relayed.bundle_id, "base_model": bundle.model_card.base_model}
+        if cross:
+            group = RolloutGroup(
+                prompt_ids=prompt_ids,
+                completions=completions,
+                gen_logprobs=[[0.0] * len(ids) for ids in completions],
+                rewards=list(relayed.verified_rewards),
+                local=False, sender=sender, policy_version=bundle.policy_version,
+                task_id=bundle.task_id, meta=meta, gen_sequence_logprobs=seq_lps,
+            )
+        else:
+            group = RolloutGroup(
+                prompt_ids=list(bundle.prompt_token_ids),
+                completions=[list(c.token_ids) for c in bundle.completions],
+                gen_logprobs=[list(c.logprobs) for c in bundle.completions],
+                rewards=list(relayed.verified_rewards),
+                local=False, sender=sender, policy_version=bundle.policy_version,
+                task_id=bundle.task_id, meta=meta,
+            )
         if group.reward_variance_zero:
             return False
+        self.cross_tokenizer_accepted += int(cross)
         self.weights[relayed.bundle_id] = max(relayed.sender_reputation, 0.0)
         self.groups.append(group)
         return True

@@ -39,6 +39,7 @@ def relayed_bundle(record: BundleRecord) -> swarm_pb2.RelayedBundle:
         verified_rewards=record.verified_rewards,
         stored_at_ms=record.stored_at_ms,
         sender_reputation=record.sender_reputation,
+        task_question=record.question,
     )
 
 

@@ -153,6 +153,9 @@ class BundleRecord:
     sender_reputation: float = 0.5
     #: The sender's stored evidence (filled by ``pull_bundles`` only).
     sender_standing: Standing | None = None
+    #: The leased task's question (filled by ``pull_bundles`` only): receivers with another
+    #: tokenizer render their own prompt from it (DESIGN.md section 6).
+    question: str = ""
 
 
 @dataclass(frozen=True)

@@ -609,6 +609,7 @@ class SqlState(State):
                 select(
                     BundleRow,
                     LeaseRow.dataset,
+                    LeaseRow.entry_json,
                     ReputationRow.good,
                     ReputationRow.bad,
                     ReputationRow.updated_ms,
@@ -634,13 +635,17 @@ class SqlState(State):
             page: list[BundleRecord] = []
             used = 0
             full = False
-            for row, dataset, good, bad, updated in session.execute(query):
+            for row, dataset, entry_json, good, bad, updated in session.execute(query):
                 if page and used + row.size_bytes > max_bytes:
                     full = True
                     break
                 standing = Standing(float(good or 0), float(bad or 0), int(updated or 0))
                 page.append(
-                    dataclasses.replace(self._bundle_record(row, dataset), sender_standing=standing)
+                    dataclasses.replace(
+                        self._bundle_record(row, dataset),
+                        sender_standing=standing,
+                        question=TaskEntry.from_json(entry_json).question,
+                    )
                 )
                 used += row.size_bytes
             if len(page) >= limit:
