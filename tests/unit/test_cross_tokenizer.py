@@ -255,3 +255,20 @@ def test_foreign_bundle_without_question_is_dropped(two_families):
                         retokenizer=retokenizer_for(recv))
     assert not pool.add(relayed) and pool.rejected == 1
     assert pool.drain_rejections() == ({}, {})
+
+
+def test_geometric_sequence_weights_hand_computed():
+    old = torch.tensor([-30.0, -4.0])
+    gen = torch.tensor([-10.0, -6.0])  # log R = -20, 2 over 10 and 4 tokens
+    lengths = torch.tensor([10.0, 4.0])
+    torch.testing.assert_close(
+        sequence_importance_weights(old, gen, "tis", 2.0, lengths),
+        torch.tensor([E**-2, min(E**0.5, 2.0)]))
+    # in the loss: the learner's token count is n
+    lp_old = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])  # S_old = -4
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    loss, stats = sequence_level_policy_loss(
+        lp_old.clone(), lp_old, torch.tensor([-8.0]), torch.tensor([1.0]), mask,
+        LossConfig(method="tis", truncation=2.0), length_normalized=True)
+    assert stats["is_weight_mean"].item() == pytest.approx(min(math.exp(1.0), 2.0))
+    assert loss.item() == pytest.approx(-2.0)

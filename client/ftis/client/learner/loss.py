@@ -605,7 +605,11 @@ def _weighted_surrogate(
 
 
 def sequence_importance_weights(
-    seq_lp_old: Tensor, seq_lp_gen: Tensor, method: str, truncation: float = 2.0
+    seq_lp_old: Tensor,
+    seq_lp_gen: Tensor,
+    method: str,
+    truncation: float = 2.0,
+    lengths: Tensor | None = None,
 ) -> Tensor:
     """Per-completion stop-gradient weight when tokens do not align (DESIGN.md section 6).
 
@@ -621,6 +625,12 @@ def sequence_importance_weights(
     * ``vis``: ``w = exp(S_old - S_gen)``;
     * ``tis``, ``ftis``: ``w = min(exp(S_old - S_gen), C)``.
 
+    With ``lengths`` (the length-normalised, "geometric" variant) the log-ratio is
+    divided by the completion's length first, ``exp((S_old - S_gen) / n)``: the
+    per-token geometric mean ratio that GSPO (arXiv 2507.18071, eq. 7) uses. Between
+    model families ``S_old - S_gen`` is typically tens of nats (docs/heterogeneity.md),
+    which makes the plain sequence weight vanish; the geometric one stays usable.
+
     The log-ratio is clamped to ``[-20, 20]`` (and to ``log C`` for truncated methods)
     before ``exp``.
 
@@ -629,6 +639,7 @@ def sequence_importance_weights(
         seq_lp_gen: ``[B]`` generator sequence log-probs (nats, summed over its tokens).
         method: one of :data:`METHODS`.
         truncation: C, finite and ``> 0``.
+        lengths: optional ``[B]`` positive token counts ``n`` (the learner's tokens).
 
     Returns:
         ``[B]`` detached weights, float32 (float64 for float64 inputs).
@@ -642,9 +653,11 @@ def sequence_importance_weights(
     dtype = _float_dtype(seq_lp_old, seq_lp_gen)
     if method in ("on_policy", "nois"):
         return torch.ones(seq_lp_old.shape, dtype=dtype, device=seq_lp_old.device)
-    log_ratio = (seq_lp_old.detach().to(dtype) - seq_lp_gen.detach().to(dtype)).clamp(
-        -_MAX_LOG_RATIO, _MAX_LOG_RATIO
-    )
+    log_ratio = seq_lp_old.detach().to(dtype) - seq_lp_gen.detach().to(dtype)
+    if lengths is not None:
+        _check_same_shape(1, seq_lp_old=seq_lp_old, lengths=lengths)
+        log_ratio = log_ratio / lengths.detach().to(dtype).clamp(min=1.0)
+    log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     if method in ("tis", "ftis"):
         log_ratio = log_ratio.clamp(max=math.log(truncation))
     return torch.exp(log_ratio)
@@ -694,6 +707,7 @@ def sequence_level_policy_loss(
     advantages: Tensor,
     mask: Tensor,
     config: LossConfig,
+    length_normalized: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """:func:`policy_loss` for completions from a generator with another tokenizer.
 
@@ -714,9 +728,13 @@ def sequence_level_policy_loss(
         advantages: ``[B]`` advantages (detached here).
         mask: ``[B, T]`` non-zero on completion tokens.
         config: :class:`LossConfig`.
+        length_normalized: weight ``exp((S_old - S_gen) / n_i)`` with ``n_i`` the
+            completion's token count (the geometric variant of
+            :func:`sequence_importance_weights`); the filter is unchanged.
 
     Returns:
-        ``(loss, stats)`` as :func:`policy_loss`.
+        ``(loss, stats)`` as :func:`policy_loss`; ``is_weight_raw_max`` and
+        ``truncated_frac`` refer to the weight actually used (plain or geometric).
 
     Raises:
         TypeError: if ``config`` is not a :class:`LossConfig`.
@@ -738,8 +756,9 @@ def sequence_level_policy_loss(
     s_gen = seq_lp_gen.detach().to(dtype)
     adv = advantages.detach().to(dtype)
     method = config.method
-    w_seq = sequence_importance_weights(s_old, s_gen, method, config.truncation)
-    raw_seq = sequence_importance_weights(s_old, s_gen, "vis", config.truncation)
+    lengths = m.sum(dim=-1).to(dtype) if length_normalized else None
+    w_seq = sequence_importance_weights(s_old, s_gen, method, config.truncation, lengths)
+    raw_seq = sequence_importance_weights(s_old, s_gen, "vis", config.truncation, lengths)
     divergence = sequence_level_divergence(s_old, s_gen, config.divergence)
     trunc_seq = (raw_seq > config.truncation if method in ("tis", "ftis")
                  else torch.zeros_like(raw_seq, dtype=torch.bool))

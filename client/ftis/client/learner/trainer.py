@@ -40,7 +40,8 @@ class LearnerConfig:
     scale_advantages_by_std: bool = True
     adam_betas: tuple[float, float] = (0.9, 0.999)
     #: loss for cross-tokenizer groups (DESIGN.md section 6): ``sequence`` = the method's
-    #: sequence-level weights (:func:`sequence_level_policy_loss`); ``nois`` = weight 1
+    #: sequence-level weights (:func:`sequence_level_policy_loss`); ``geometric`` = the
+    #: same, length-normalised (GSPO-style); ``nois`` = weight 1
     cross_tokenizer: str = "sequence"
 
 
@@ -139,7 +140,8 @@ class Learner:
                                   if cfg.cross_tokenizer == "nois" else cfg.loss)
                     loss, stats = sequence_level_policy_loss(
                         lp_theta, lp_theta.detach(), batch.gen_sequence_logprobs,
-                        batch.advantages, batch.completion_mask, cross_loss)
+                        batch.advantages, batch.completion_mask, cross_loss,
+                        length_normalized=cfg.cross_tokenizer == "geometric")
                 else:
                     loss, stats = policy_loss(lp_theta, lp_theta.detach(),
                                               batch.gen_logprobs, batch.advantages,
