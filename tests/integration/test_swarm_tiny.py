@@ -46,6 +46,8 @@ def test_two_clients_train_together_and_resume(tmp_path, tiny_model_dir):
         runs = {n: read_metrics(tmp_path / "swarm" / n / "metrics.jsonl") for n in codes}
         for name, recs in runs.items():
             assert [r["round"] for r in recs] == [1, 2, 3], name
+            # process start -> policy loaded, logged once per process (its first round)
+            assert recs[0]["startup_seconds"] > 0 and "startup_seconds" not in recs[1]
             for r in recs:
                 assert r["bundles_submitted"] == LOCAL
                 assert 0.0 <= r["reward_mean"] <= 1.0

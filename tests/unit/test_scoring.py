@@ -53,3 +53,15 @@ def test_task_spec_rejects_unknown_dataset():
         TaskSpec(dataset="no_such_task")
     with pytest.raises(ValueError, match="bad config"):
         TaskSource([TaskSpec(dataset="chain_sum", config={"min_digits": 5, "max_digits": 1})])
+
+
+def test_base_model_completion_ending_at_the_plain_stop_string():
+    # Gemma-3-270M (a base model) on a plain prompt: answers, then starts the next question;
+    # the sampler keeps the stop string, the last number is still the answer
+    from ftis.tasks import PLAIN_STOP_STRINGS
+
+    text = " 3 + 4 = 7" + PLAIN_STOP_STRINGS[0]
+    assert extract_answer(text, "7") == "7"
+    assert score_completion("chain_sum", text, {"question": "3 + 4 =", "answer": "7",
+                                                "metadata": {}}) == 1.0
+    assert extract_answer(" The answer is 12.\nQuestion:", "12") == "12"

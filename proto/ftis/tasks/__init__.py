@@ -2,11 +2,17 @@
 rendering and answer scoring. Both sides import these so a reward means the same
 thing everywhere."""
 
-from ftis.tasks.prompt import SYSTEM_PROMPT, render_messages, render_plain_prompt
+from ftis.tasks.prompt import (
+    PLAIN_STOP_STRINGS,
+    SYSTEM_PROMPT,
+    render_messages,
+    render_plain_prompt,
+)
 from ftis.tasks.scoring import extract_answer, score_completion
 from ftis.tasks.source import TaskEntry, TaskSource, TaskSpec
 
 __all__ = [
+    "PLAIN_STOP_STRINGS",
     "SYSTEM_PROMPT",
     "TaskEntry",
     "TaskSource",

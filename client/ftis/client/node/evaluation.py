@@ -64,7 +64,8 @@ def evaluate(policy: Policy, sets: list[EvalSet], cfg: EvalConfig) -> dict[str, 
             chunk = s.entries[i : i + cfg.batch_size]
             prompts = [policy.prompt_token_ids(render_messages(e.question))[0] for e in chunk]
             res = sample_groups(policy.model, prompts, 1, greedy, policy.eos_token_ids,
-                                policy.tokenizer.pad_token_id)
+                                policy.tokenizer.pad_token_id,
+                                stop_strings=policy.stop_strings, decode=policy.decode)
             for e, (c,) in zip(chunk, res.completions, strict=True):
                 rewards.append(score_completion(e.dataset, policy.decode(c.token_ids),
                                                 e.as_entry()))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 from ftis.client.node.config import ClientConfig
+
+_IMPORTED_AT = time.monotonic()
 
 
 def configure_runtime(cfg: ClientConfig) -> None:
@@ -15,3 +20,19 @@ def configure_runtime(cfg: ClientConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+
+
+def seconds_since_process_start() -> float:
+    """Wall seconds since this process started (interpreter start-up and imports included).
+
+    Read from ``/proc/self/stat`` (Linux); elsewhere (or on failure) the age of the
+    ``ftis.client.node.runtime`` import, which undercounts by the imports before it.
+    """
+    try:
+        with open("/proc/self/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED_AT

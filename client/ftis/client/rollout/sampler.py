@@ -7,11 +7,17 @@ rollouts) this is the policy's temperature-scaled distribution, which is what th
 learner's importance weights need. Written as an explicit loop over a KV cache rather
 than ``generate()`` so that exactly this distribution is recorded, whatever the
 model's ``generation_config`` says.
+
+Optional stop strings (for models without a chat template, whose completions do not end
+with an EOS token; see :data:`ftis.tasks.PLAIN_STOP_STRINGS`) end a row once its decoded
+text contains one of them; the tokens up to and including the one that completed the stop
+string are kept, so ``text == decode(token_ids)`` and the log-probs stay aligned.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -82,6 +88,41 @@ def filter_logits(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return scores
 
 
+class StopChecker:
+    """Detects stop strings in a growing completion at the cost of a short decode per step.
+
+    Called after every new token of a row, :meth:`hit` decodes only the last ``window``
+    tokens: enough to hold the longest stop string (every token decodes to at least one
+    byte) plus a margin for effects at the start of a decode (a split multi-byte
+    character, a stripped leading space). A hit in the window is confirmed on the whole
+    completion, so a window artefact never stops a row.
+
+    Args:
+        stop_strings: non-empty strings.
+        decode: token ids -> text, the same decoding as the completion's text.
+    """
+
+    MARGIN = 4
+
+    def __init__(self, stop_strings: Sequence[str], decode: Callable[[list[int]], str]):
+        if any(not s for s in stop_strings):
+            raise ValueError("stop strings must be non-empty")
+        self.stop_strings = tuple(stop_strings)
+        self.decode = decode
+        self.window = max((len(s.encode()) for s in self.stop_strings), default=0) + self.MARGIN
+
+    def contains_stop(self, text: str) -> bool:
+        return any(s in text for s in self.stop_strings)
+
+    def hit(self, token_ids: list[int]) -> bool:
+        """True if ``decode(token_ids)`` contains a stop string (checked on a tail first)."""
+        if not self.stop_strings:
+            return False
+        if not self.contains_stop(self.decode(token_ids[-self.window :])):
+            return False
+        return len(token_ids) <= self.window or self.contains_stop(self.decode(token_ids))
+
+
 @torch.no_grad()
 def sample_groups(
     model: torch.nn.Module,
@@ -91,6 +132,9 @@ def sample_groups(
     eos_token_ids: list[int],
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    *,
+    stop_strings: Sequence[str] = (),
+    decode: Callable[[list[int]], str] | None = None,
 ) -> SamplingResult:
     """Sample ``group_size`` completions for each prompt in one left-padded batch.
 
@@ -102,11 +146,18 @@ def sample_groups(
         eos_token_ids: ids that end a completion (included in the completion).
         pad_token_id: id used for left padding and finished rows.
         generator: CPU RNG for reproducible sampling.
+        stop_strings: a row also finishes (``FINISH_REASON_STOP``) at the first token
+            after which its decoded completion contains one of these; that token is kept.
+        decode: token ids -> completion text (``Policy.decode``); required with
+            ``stop_strings``.
 
     Returns:
         ``SamplingResult`` with ``completions[p][g]`` for prompt p, sample g.
     """
     start = time.perf_counter()
+    if stop_strings and decode is None:
+        raise ValueError("stop_strings need a decode function")
+    stopper = StopChecker(stop_strings, decode) if stop_strings else None
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -126,6 +177,8 @@ def sample_groups(
     cache, logits = out.past_key_values, out.logits[:, -1, :]
     next_pos = positions[:, -1:] + 1
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    generated_ids: list[list[int]] = [[] for _ in range(batch)]  # only used with stop strings
+    stop_end: dict[int, int] = {}  # row -> completion length at its stop string
     tokens: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
     for step in range(settings.max_new_tokens):
@@ -137,6 +190,16 @@ def sample_groups(
         draw = draw.squeeze(-1).masked_fill(finished, pad_token_id)
         tokens.append(draw)
         logprobs.append(lp.masked_fill(finished, 0.0))
+        if stopper is not None:
+            was_finished = finished.tolist()
+            for i, t in enumerate(draw.tolist()):
+                if not was_finished[i]:
+                    generated_ids[i].append(t)
+                    if stopper.hit(generated_ids[i]):
+                        stop_end[i] = step + 1
+            if stop_end:
+                finished = finished | torch.tensor(
+                    [i in stop_end for i in range(batch)], dtype=torch.bool, device=device)
         finished = finished | torch.isin(draw, eos)
         if bool(finished.all()) or step == settings.max_new_tokens - 1:
             break
@@ -159,6 +222,8 @@ def sample_groups(
             i = p * group_size + g
             ids, lp_row = tok[i].tolist(), lps[i].tolist()
             end = next((t + 1 for t, x in enumerate(ids) if x in eos_set), None)
+            if i in stop_end:
+                end = min(end or stop_end[i], stop_end[i])
             reason = bundle_pb2.FINISH_REASON_STOP if end else bundle_pb2.FINISH_REASON_LENGTH
             end = end or len(ids)
             group.append(SampledCompletion(ids[:end], lp_row[:end], reason))
