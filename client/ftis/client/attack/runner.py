@@ -34,7 +34,7 @@ def run_attack(cfg: Any, kind: str, options: AttackOptions, log_path: Path | Non
     import grpc
 
     from ftis.client.cli import exit_codes
-    from ftis.client.models.loader import LoraSettings, load_policy
+    from ftis.client.models.loader import load_policy
     from ftis.client.node.runtime import configure_runtime
     from ftis.client.swarm.connection import SwarmConnection
     from ftis.protocol.errors import ErrorCode, FtisError
@@ -45,8 +45,8 @@ def run_attack(cfg: Any, kind: str, options: AttackOptions, log_path: Path | Non
     configure_runtime(cfg)
     identity = NodeIdentity.load_or_create(cfg.key_file)
     attack_log = AttackLog(log_path or Path(cfg.out) / "attack.jsonl", kind, identity.node_id)
-    policy = load_policy(cfg.model, peft=cfg.peft,
-                         lora=LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha))
+    policy = load_policy(cfg.model, peft=cfg.peft, lora=cfg.lora_settings,
+                         double_quant=cfg.qlora_double_quant)
     conn = SwarmConnection(cfg.coordinator, identity, policy.card, retries=3,
                            display_name=cfg.display_name or f"attack/{kind}",
                            tokenizer_json=policy.tokenizer_json)

@@ -16,6 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -33,7 +34,7 @@ class ClientRole(BaseModel):
 
     name: str
     model: str = "smollm2-135m"
-    peft: str = "none"
+    peft: Literal["none", "lora", "qlora"] = "none"
     learning_rate: float | None = None
     extra_args: list[str] = Field(default_factory=list)
 

@@ -9,6 +9,11 @@ Layout of ``DIR/checkpoints/``::
 
 A checkpoint is written to a temporary folder, fsynced and renamed, then ``latest`` is
 replaced atomically, so a client killed at any moment resumes from the last complete one.
+
+With LoRA or QLoRA only the adapters (and their AdamW moments) are trainable, so only
+they are saved: a QLoRA checkpoint never holds the 4-bit base, which is quantized again,
+deterministically, from the same source weights at every start. Adapter names and
+shapes are the same for LoRA and QLoRA of one model, so either resumes the other's.
 """
 
 from __future__ import annotations

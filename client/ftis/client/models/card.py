@@ -20,18 +20,39 @@ def fingerprint_of(tokenizer: Any) -> str:
     return tokenizer_fingerprint(backend.to_str())
 
 
+def logical_numel(param: Any) -> int:
+    """Number of weights ``param`` stands for.
+
+    bitsandbytes ``Params4bit`` store two 4-bit values per uint8 (``numel`` is half the
+    real count); the original shape is kept in ``quant_state.shape``.
+    """
+    state = getattr(param, "quant_state", None)
+    shape = getattr(state, "shape", None)
+    if shape is not None:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        return n
+    return param.numel()
+
+
 def build_model_card(
     model: Any, tokenizer: Any, *, base_model: str, peft: str, quantization: str
 ) -> bundle_pb2.ModelCard:
     """ModelCard of a loaded (possibly PEFT-wrapped) causal LM.
 
-    ``parameter_count`` counts the base model's parameters (LoRA weights excluded);
-    ``vocab_size`` is the embedding size, the bound on valid token ids.
+    ``parameter_count`` counts the base model's parameters (LoRA weights excluded), with
+    4-bit quantized weights counted at their logical shape (:func:`logical_numel`);
+    ``dtype`` is the first floating-point parameter's dtype (for QLoRA the compute dtype,
+    the packed 4-bit storage is uint8); ``vocab_size`` is the embedding size, the bound
+    on valid token ids.
     """
     params = list(model.named_parameters())
-    total = sum(p.numel() for n, p in params if "lora_" not in n)
+    total = sum(logical_numel(p) for n, p in params if "lora_" not in n)
     trainable = sum(p.numel() for _, p in params if p.requires_grad)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    first = next((p for p in model.parameters() if p.is_floating_point()),
+                 next(model.parameters()))
+    dtype = str(first.dtype).removeprefix("torch.")
     vocab = int(model.get_input_embeddings().weight.shape[0])
     return bundle_pb2.ModelCard(
         base_model=base_model,

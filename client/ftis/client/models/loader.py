@@ -1,19 +1,36 @@
-"""Load a policy (model + tokenizer + model card), optionally wrapped with LoRA."""
+"""Load a policy (model + tokenizer + model card), optionally wrapped with LoRA or QLoRA.
+
+PEFT kinds (:data:`PEFT_KINDS`):
+
+* ``none``  -- full fine-tune, float32 weights, every parameter trainable;
+* ``lora``  -- float32 base frozen, LoRA adapters trainable (Hu et al. 2021);
+* ``qlora`` -- the base's linear layers quantized to bitsandbytes 4-bit NF4 at load time
+  (compute in float32), frozen; LoRA adapters in float32 trainable (Dettmers et al. 2023,
+  arXiv 2305.14314). Embeddings, norms and the LM head stay in float32 (bitsandbytes
+  leaves them unquantized). Works on CPU and, when available, on CUDA.
+
+Because the sampler runs the loaded model, a QLoRA node's recorded log-probs are those
+of its *quantized* policy; receivers' importance weights account for that difference
+like any other generator/learner mismatch.
+"""
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from ftis.client.models.card import build_model_card
 from ftis.client.models.registry import materialize, resolve
-from ftis.tasks import render_plain_prompt
+from ftis.tasks import PLAIN_STOP_STRINGS, render_plain_prompt
 from ftis.v1 import bundle_pb2
 
 log = logging.getLogger(__name__)
 
-PEFT_KINDS = ("none", "lora")
+PEFT_KINDS = ("none", "lora", "qlora")
+#: model card ``quantization`` suffix of a QLoRA base (bitsandbytes 4-bit NormalFloat)
+QLORA_QUANTIZATION = "bnb-nf4"
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -54,6 +71,12 @@ class Policy:
                                                        skip_special_tokens=False)
 
     @property
+    def stop_strings(self) -> list[str]:
+        """Sampler stop strings: :data:`ftis.tasks.PLAIN_STOP_STRINGS` for plain prompts
+        (no chat template, e.g. base models), none for chat models (they end with EOS)."""
+        return [] if self.tokenizer.chat_template else list(PLAIN_STOP_STRINGS)
+
+    @property
     def tokenizer_json(self) -> str:
         """The tokenizer's ``tokenizer.json`` text (uploaded to the coordinator)."""
         return self.tokenizer.backend_tokenizer.to_str()
@@ -74,17 +97,79 @@ class Policy:
         return list(ids), text
 
 
+def qlora_quantization(source: str) -> str:
+    """Model card ``quantization`` of a QLoRA policy whose weights came from ``source``.
+
+    ``"none"`` -> ``"bnb-nf4"``; a dequantized GGUF keeps its history, e.g.
+    ``"gguf-q4_1-dequantized"`` -> ``"gguf-q4_1-dequantized+bnb-nf4"``.
+    """
+    return QLORA_QUANTIZATION if source in ("", "none") else f"{source}+{QLORA_QUANTIZATION}"
+
+
+def _load_4bit(path: Any, double_quant: bool, device: str) -> Any:
+    """``path``'s causal LM with linear layers in bitsandbytes NF4 (compute float32).
+
+    ``device`` is ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:1"``); bitsandbytes
+    quantizes on that device while loading.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    try:
+        import bitsandbytes
+    except ImportError as exc:  # pragma: no cover - a dependency of the client
+        raise RuntimeError("--peft qlora needs the bitsandbytes package") from exc
+    qconfig = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch.float32,
+        bnb_4bit_use_double_quant=double_quant,
+    )
+    if device != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, quantization_config=qconfig, dtype=torch.float32, device_map={"": device})
+    # On AVX512-BF16 CPUs bitsandbytes repacks a layer's weights the first time it runs
+    # in eval mode without grad (i.e. in the sampler) and from then on computes it in
+    # bfloat16 with a kernel that has no autograd formula: after the first generation
+    # no gradient would reach any adapter (torch only warns), and the learner would see
+    # a different (bf16) policy than the one that sampled before. Keep every layer on
+    # the dequantize + float32 path.
+    for module in model.modules():
+        if isinstance(module, bitsandbytes.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+    # The float32 parameters left unquantized (embeddings, norms) are views of the
+    # memory-mapped safetensors file, which quantization has read in full: copy them
+    # out so the mapping (the whole float32 model, counted in the resident set) closes.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.device.type == "cpu" and not isinstance(param,
+                                                             bitsandbytes.nn.Params4bit):
+                param.data = param.data.clone()
+    gc.collect()
+    return model
+
+
 def load_policy(
     name: str,
     *,
     peft: str = "none",
     lora: LoraSettings | None = None,
     gradient_checkpointing: bool = False,
+    double_quant: bool = False,
+    device: str = "cpu",
 ) -> Policy:
     """Load ``name`` (alias, .gguf file, directory or hub id) for generation and training.
 
     Weights load in float32 on CPU. With ``peft="lora"`` the base weights are frozen and
-    LoRA adapters (``lora`` settings) are trainable.
+    LoRA adapters (``lora`` settings) are trainable. With ``peft="qlora"`` the base's
+    linear layers are quantized to 4-bit NF4 while loading (``double_quant`` also
+    quantizes the per-block scales), prepared with ``prepare_model_for_kbit_training``
+    and get the same LoRA adapters; the card records ``quantization`` ``...bnb-nf4``
+    (:func:`qlora_quantization`) and ``dtype`` float32 (the compute dtype).
+
+    ``device`` places the model (``"cpu"``, the default, or ``"cuda"``); the sampler
+    follows the model's device, the learner's batches are built on CPU.
 
     Raises:
         ModelNotFoundError: ``name`` cannot be found locally.
@@ -97,10 +182,21 @@ def load_policy(
     resolved = resolve(name)
     path = materialize(resolved)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    quantization = resolved.quantization
+    if peft == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = _load_4bit(path, double_quant, device)
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=gradient_checkpointing)
+        quantization = qlora_quantization(quantization)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+        if device != "cpu":
+            model = model.to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if peft == "lora":
+    if peft in ("lora", "qlora"):
         from peft import LoraConfig, get_peft_model
 
         s = lora or LoraSettings()
@@ -114,10 +210,10 @@ def load_policy(
                 task_type="CAUSAL_LM",
             ),
         )
-    if gradient_checkpointing:
+    if gradient_checkpointing and peft != "qlora":  # qlora: enabled by prepare_model_...
         model.gradient_checkpointing_enable()
     card = build_model_card(
         model, tokenizer, base_model=resolved.base_model, peft=peft,
-        quantization=resolved.quantization,
+        quantization=quantization,
     )
     return Policy(model=model, tokenizer=tokenizer, card=card, name=name)
