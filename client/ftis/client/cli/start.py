@@ -20,9 +20,20 @@ def start(
     coordinator: Annotated[str | None, typer.Option(help="HOST:PORT of the coordinator")] = None,
     model: Annotated[str | None, typer.Option(
         help="embedded alias (smollm2-135m), .gguf file, model directory or HF id")] = None,
-    peft: Annotated[str | None, typer.Option(help="none | lora")] = None,
+    peft: Annotated[str | None, typer.Option(
+        help="none | lora | qlora (4-bit NF4 base + LoRA)")] = None,
     lora_rank: Annotated[int | None, typer.Option()] = None,
     lora_alpha: Annotated[int | None, typer.Option()] = None,
+    lora_dropout: Annotated[float | None, typer.Option()] = None,
+    lora_targets: Annotated[str | None, typer.Option(
+        help="comma-separated module names with LoRA adapters "
+             "(default q_proj,k_proj,v_proj,o_proj)")] = None,
+    qlora_double_quant: Annotated[bool | None, typer.Option(
+        "--qlora-double-quant/--no-qlora-double-quant",
+        help="QLoRA: also quantize the quantization scales")] = None,
+    max_memory: Annotated[str | None, typer.Option(
+        help="refuse to start if the estimated peak memory exceeds this "
+             "(6GiB, 512MiB, 8GB, bytes)")] = None,
     local_groups: Annotated[int | None, typer.Option(help="I: own groups per round")] = None,
     external_groups: Annotated[int | None, typer.Option(
         help="J: external groups per round")] = None,
@@ -32,9 +43,15 @@ def start(
         help="on_policy | nois | vis | tis | ftis")] = None,
     truncation: Annotated[float | None, typer.Option(help="C: IS-weight cap")] = None,
     filter_threshold: Annotated[float | None, typer.Option(help="g: filter threshold")] = None,
+    cross_tokenizer: Annotated[str | None, typer.Option(
+        help="bundles from another tokenizer: off | sequence (sequence-level TIS) | "
+        "geometric (length-normalised) | nois")
+    ] = None,
     learning_rate: Annotated[float | None, typer.Option()] = None,
     temperature: Annotated[float | None, typer.Option()] = None,
     max_new_tokens: Annotated[int | None, typer.Option()] = None,
+    micro_batch_size: Annotated[int | None, typer.Option(
+        help="completions per learner forward/backward (memory; same update)")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
     out: Annotated[Path | None, typer.Option(help="output folder (metrics, checkpoints)")] = None,
     key_file: Annotated[Path | None, typer.Option(help="node key (PEM, 0600)")] = None,
@@ -63,17 +80,49 @@ def start(
     except ValidationError as exc:
         console.print(f"[red]invalid configuration:[/red] {exc}")
         raise typer.Exit(exit_codes.USAGE) from exc
+    if cfg.max_memory is not None:
+        code = check_memory(cfg)
+        if code != exit_codes.OK:
+            raise typer.Exit(code)
     raise typer.Exit(run(cfg))
+
+
+def check_memory(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
+    """Estimate the peak memory of ``cfg`` before loading anything (``--max-memory``).
+
+    Returns ``MEMORY_BUDGET`` (message printed) when the estimate exceeds the budget,
+    otherwise ``OK``; a model that cannot be resolved is left to :func:`run` to report.
+    """
+    from ftis.client.models.registry import ModelNotFoundError
+    from ftis.client.node.memory import (
+        MemoryBudgetError,
+        check_memory_budget,
+        estimate_for_config,
+        format_size,
+    )
+
+    try:
+        estimate = estimate_for_config(cfg)
+    except ModelNotFoundError:
+        return exit_codes.OK
+    try:
+        check_memory_budget(estimate, cfg.max_memory_bytes)
+    except MemoryBudgetError as exc:
+        console.print(f"[red]memory budget exceeded:[/red] {exc}", soft_wrap=True)
+        return exit_codes.MEMORY_BUDGET
+    console.print(f"estimated peak memory {format_size(estimate.total)} "
+                  f"({estimate.phase}) fits --max-memory {cfg.max_memory}")
+    return exit_codes.OK
 
 
 def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
     """Start a node from ``cfg``; returns an exit code."""
     import grpc
 
-    from ftis.client.models.loader import LoraSettings, load_policy
+    from ftis.client.models.loader import load_policy
     from ftis.client.models.registry import ModelNotFoundError
     from ftis.client.node.runner import VolunteerNode
-    from ftis.client.node.runtime import configure_runtime
+    from ftis.client.node.runtime import configure_runtime, seconds_since_process_start
     from ftis.client.swarm.connection import SwarmConnection
     from ftis.protocol.errors import FtisError
     from ftis.protocol.identity import NodeIdentity
@@ -83,11 +132,12 @@ def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
     console.print(f"node [bold]{identity.node_id}[/bold] (key {cfg.key_file})")
     try:
         with console.status(f"loading {cfg.model} ({cfg.peft})"):
-            policy = load_policy(cfg.model, peft=cfg.peft,
-                                 lora=LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha))
+            policy = load_policy(cfg.model, peft=cfg.peft, lora=cfg.lora_settings,
+                                 double_quant=cfg.qlora_double_quant)
     except ModelNotFoundError as exc:
         console.print(f"[red]model not found:[/red] {exc}")
         return exit_codes.MODEL_NOT_FOUND
+    startup_seconds = seconds_since_process_start()  # cold start includes GGUF conversion
     card = policy.card
     console.print(f"model {card.base_model}: {card.parameter_count:,} parameters, "
                   f"{card.trainable_parameter_count:,} trainable ({card.peft}), "
@@ -98,6 +148,7 @@ def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
     try:
         conn.register()
         node = VolunteerNode(cfg, policy, conn)
+        node.startup_seconds = startup_seconds
         if node.resume():
             console.print(f"resumed from round {node.round}")
         total = cfg.rounds or None

@@ -4,11 +4,11 @@ environment variables override them (flags win)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import platformdirs
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Method = Literal["on_policy", "nois", "vis", "tis", "ftis"]
 
@@ -26,9 +26,16 @@ class ClientConfig(BaseSettings):
 
     coordinator: str = "127.0.0.1:7000"
     model: str = "smollm2-135m"
-    peft: Literal["none", "lora"] = "none"
+    peft: Literal["none", "lora", "qlora"] = "none"
     lora_rank: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_targets: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="module names that get LoRA adapters (comma-separated on the CLI)")
+    qlora_double_quant: bool = Field(False, description="QLoRA: also quantize the scales")
+    max_memory: str | None = Field(
+        None, description="refuse to start above this estimated peak memory (6GiB, 8GB, ...)")
     local_groups: int = Field(2, ge=1, le=64, description="I: own groups per round")
     external_groups: int = Field(2, ge=0, le=64, description="J: relayed groups per round")
     group_size: int = Field(8, ge=2, le=64, description="G: completions per prompt")
@@ -38,6 +45,11 @@ class ClientConfig(BaseSettings):
     filter_threshold: float = Field(50.0, gt=0, description="g: F-TIS divergence threshold")
     divergence: Literal["kl_learner_gen", "kl_gen_learner"] = "kl_learner_gen"
     aggregation: Literal["token", "sequence"] = "token"
+    cross_tokenizer: Literal["off", "sequence", "geometric", "nois"] = Field(
+        "sequence",
+        description="bundles from another tokenizer: off = ignore; sequence = re-tokenize "
+        "the text, sequence-level truncated IS weight; geometric = the same weight "
+        "length-normalised (GSPO-style); nois = re-tokenize, weight 1")
     clip_eps: float = Field(0.2, gt=0, lt=1)
     learning_rate: float | None = Field(
         None, gt=0, description="default 1e-6 (full) or 1e-5 (LoRA)")
@@ -53,8 +65,41 @@ class ClientConfig(BaseSettings):
     eval_every: int = Field(0, ge=0, description="greedy held-out evaluation every k rounds")
     eval_config: Path | None = Field(None, description="JSON EvalConfig (sets, size, seed)")
 
+    @field_validator("lora_targets", mode="before")
+    @classmethod
+    def _split_targets(cls, v: object) -> object:
+        if isinstance(v, str):  # "q_proj,v_proj" from the command line
+            v = [t.strip() for t in v.split(",")]
+        if isinstance(v, list) and (not v or not all(isinstance(t, str) and t for t in v)):
+            raise ValueError("lora_targets needs one or more non-empty module names")
+        return v
+
+    @field_validator("max_memory")
+    @classmethod
+    def _check_max_memory(cls, v: str | None) -> str | None:
+        if v is not None:
+            from ftis.client.node.memory import parse_size
+
+            parse_size(v)  # ValueError with the accepted forms
+        return v
+
+    @property
+    def max_memory_bytes(self) -> int | None:
+        """``max_memory`` in bytes (``None``: no budget)."""
+        from ftis.client.node.memory import parse_size
+
+        return None if self.max_memory is None else parse_size(self.max_memory)
+
+    @property
+    def lora_settings(self):  # noqa: ANN201 - LoraSettings, imported lazily
+        """:class:`~ftis.client.models.loader.LoraSettings` from the ``lora_*`` fields."""
+        from ftis.client.models.loader import LoraSettings
+
+        return LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha,
+                            dropout=self.lora_dropout, target_modules=tuple(self.lora_targets))
+
     @property
     def effective_learning_rate(self) -> float:
         if self.learning_rate is not None:
             return self.learning_rate
-        return 1e-5 if self.peft == "lora" else 1e-6
+        return 1e-5 if self.peft in ("lora", "qlora") else 1e-6

@@ -22,6 +22,7 @@ from ftis.client.models.loader import Policy
 from ftis.client.node.config import ClientConfig
 from ftis.client.rollout.sampler import SamplingSettings, sample_groups
 from ftis.client.swarm.connection import SwarmConnection
+from ftis.client.swarm.cross_tokenizer import retokenizer_for
 from ftis.client.swarm.external_pool import ExternalPool
 from ftis.protocol.errors import FtisError
 from ftis.tasks import TaskEntry, score_completion
@@ -71,16 +72,21 @@ class VolunteerNode:
         self.learner = Learner(
             policy.model,
             LearnerConfig(loss=loss, learning_rate=config.effective_learning_rate,
-                          micro_batch_size=config.micro_batch_size),
+                          micro_batch_size=config.micro_batch_size,
+                          cross_tokenizer=config.cross_tokenizer),
             pad_token_id=policy.tokenizer.pad_token_id,
         )
         self.sampling = SamplingSettings(temperature=config.temperature,
                                          max_new_tokens=config.max_new_tokens)
         self.pool = ExternalPool(connection.node_id, int(policy.card.vocab_size),
                                  policy.card.tokenizer_fingerprint,
-                                 rng=random.Random(config.seed), decode=policy.decode)
+                                 rng=random.Random(config.seed), decode=policy.decode,
+                                 retokenizer=(retokenizer_for(policy)
+                                              if config.cross_tokenizer != "off" else None))
         self.generator = torch.Generator().manual_seed(config.seed)
         self.round = 0
+        #: process start -> policy loaded, set by the CLI; logged once, in the first round
+        self.startup_seconds: float | None = None
         self.metrics_path = self.out / "metrics.jsonl"
         self.eval_sets: list = []
         if config.eval_every:
@@ -115,7 +121,8 @@ class VolunteerNode:
                                          for m in lease.messages]) for lease in leases]
         result = sample_groups(pol.model, [ids for ids, _ in prompts], cfg.group_size,
                                self.sampling, pol.eos_token_ids, pol.tokenizer.pad_token_id,
-                               self.generator)
+                               self.generator, stop_strings=pol.stop_strings,
+                               decode=pol.decode)
         stats["generated_tokens"] = float(result.generated_tokens)
         stats["generation_seconds"] = result.seconds
         stats["tokens_per_second"] = result.generated_tokens / max(result.seconds, 1e-9)
@@ -197,8 +204,10 @@ class VolunteerNode:
 
     def _pull_external(self) -> None:
         while True:
-            resp = self.conn.pull_bundles(self.pool.cursor, PULL_PAGE,
-                                          self.policy.card.tokenizer_fingerprint)
+            # with cross-tokenizer learning on, every family's bundles are wanted
+            fingerprint = ("" if self.config.cross_tokenizer != "off"
+                           else self.policy.card.tokenizer_fingerprint)
+            resp = self.conn.pull_bundles(self.pool.cursor, PULL_PAGE, fingerprint)
             for relayed in resp.bundles:
                 self.pool.add(relayed)
             self.pool.cursor = max(self.pool.cursor, resp.next_cursor)
@@ -219,6 +228,8 @@ class VolunteerNode:
             external = self.pool.take(cfg.external_groups)
         stats["external_groups_used"] = float(len(external))
         stats["external_pool_size"] = float(len(self.pool.groups))
+        stats["external_cross_tokenizer_groups"] = float(sum(g.cross_tokenizer
+                                                             for g in external))
         stats.update(self.learner.step(local + external))
         self.round += 1
         last = cfg.rounds and self.round == cfg.rounds
@@ -227,6 +238,8 @@ class VolunteerNode:
         stats["round_seconds"] = time.perf_counter() - t0
         stats["peak_rss_mb"] = peak_rss_mb()
         stats["updates"] = float(self.learner.updates)
+        if self.startup_seconds is not None:  # first round of this process only
+            stats["startup_seconds"], self.startup_seconds = self.startup_seconds, None
         self.conn.report_metrics(self.round, stats, self.feedback(external))
         record = {"round": self.round, "node_id": self.conn.node_id, "model": cfg.model,
                   "peft": cfg.peft, "method": cfg.method, "time": time.time(), **stats,
