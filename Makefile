@@ -50,6 +50,11 @@ experiments: setup
 	$(BIN)/ftis-client experiment --config experiments/ftis_comparison.json --out runs/ftis_comparison
 	$(BIN)/ftis-client experiment --config experiments/ftis_comparison_diverging.json --out runs/ftis_diverging
 	$(BIN)/ftis-client experiment --config experiments/sapo_sweep.json --out runs/sapo_sweep
+	# heterogeneous swarms (docs/results.md section D)
+	for x in hetero_family hetero_family_geometric hetero_peft hetero_quant; do \
+		$(BIN)/ftis-client experiment --config experiments/$$x.json --out runs/$$x || exit 1; done
+	$(BIN)/python experiments/summarize_hetero.py runs/hetero_family runs/hetero_family_geometric \
+		runs/hetero_peft runs/hetero_quant
 
 proto: setup
 	cd proto && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \

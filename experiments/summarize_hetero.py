@@ -46,6 +46,10 @@ def summarize(folder: Path) -> str:
         d["weights"] += [r["external_is_weight_mean"] for r in rows
                          if r.get("external_groups_used") and "external_is_weight_mean" in r]
         d["round_s"] += [r["round_seconds"] for r in rows]
+        d["raw_max"] += [r["external_is_weight_raw_max"] for r in rows
+                         if r.get("external_groups_used") and "external_is_weight_raw_max" in r]
+        d["trunc"] += [r["external_truncated_frac"] for r in rows
+                       if r.get("external_groups_used") and "external_truncated_frac" in r]
         evals = metrics.parent / "eval.jsonl"
         if evals.exists():
             ev = _rows(evals)
@@ -54,14 +58,17 @@ def summarize(folder: Path) -> str:
     lines = [f"**{cfg['name']}** ({cfg['rounds']} rounds, seeds {cfg['seeds']})", "",
              "| method | client | mean reward | held-out pass@1 start → end | peak RSS (MiB) "
              "| external groups used (cross-tokenizer) | mean weight on external tokens "
-             "| median round s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| max raw ratio | truncated token share | median round s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (method, client), d in sorted(by_key.items()):
         weights = f"{statistics.mean(d['weights']):.3g}" if d["weights"] else "-"
+        raw = f"{max(d['raw_max']):.3g}" if d["raw_max"] else "-"
+        trunc = f"{statistics.mean(d['trunc']):.3f}" if d["trunc"] else "-"
         lines.append(
             f"| {method} | {client} | {_fmt(d['reward'])} | {_fmt(d['eval_start'])} → "
             f"{_fmt(d['eval_end'])} | {max(d['rss']):.0f} | {sum(d['external']):.0f} "
-            f"({sum(d['cross']):.0f}) | {weights} | {statistics.median(d['round_s']):.0f} |")
+            f"({sum(d['cross']):.0f}) | {weights} | {raw} | {trunc} "
+            f"| {statistics.median(d['round_s']):.0f} |")
     return "\n".join(lines) + "\n"
 
 
