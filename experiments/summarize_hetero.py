@@ -16,17 +16,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from ftis.client.experiment.matrix import mean_sd
+from ftis.client.experiment.report import read_metrics
 
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _fmt(values: list[float]) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+_rows = read_metrics
 
 
 def summarize(folder: Path) -> str:
@@ -65,8 +58,8 @@ def summarize(folder: Path) -> str:
         raw = f"{max(d['raw_max']):.3g}" if d["raw_max"] else "-"
         trunc = f"{statistics.mean(d['trunc']):.3f}" if d["trunc"] else "-"
         lines.append(
-            f"| {method} | {client} | {_fmt(d['reward'])} | {_fmt(d['eval_start'])} → "
-            f"{_fmt(d['eval_end'])} | {max(d['rss']):.0f} | {sum(d['external']):.0f} "
+            f"| {method} | {client} | {mean_sd(d['reward'])} | {mean_sd(d['eval_start'])} → "
+            f"{mean_sd(d['eval_end'])} | {max(d['rss']):.0f} | {sum(d['external']):.0f} "
             f"({sum(d['cross']):.0f}) | {weights} | {raw} | {trunc} "
             f"| {statistics.median(d['round_s']):.0f} |")
     return "\n".join(lines) + "\n"

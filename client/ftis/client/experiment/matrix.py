@@ -220,7 +220,7 @@ def run_experiment(cfg: ExperimentConfig, out: Path) -> Path:
     return write_summary(cfg, rows, evals, out)
 
 
-def _mean_sd(values: list[float]) -> str:
+def mean_sd(values: list[float]) -> str:
     if not values:
         return "–"
     if len(values) == 1:
@@ -271,11 +271,11 @@ def write_summary(cfg: ExperimentConfig, rows: list[dict], evals: list[dict], ou
         def ev(k: str, t: dict = t) -> str:
             if k not in t["last_eval"]:
                 return "–"
-            return f"{_mean_sd(t['first_eval'][k])} → {_mean_sd(t['last_eval'][k])}"
+            return f"{mean_sd(t['first_eval'][k])} → {mean_sd(t['last_eval'][k])}"
 
         lines.append(f"| {t['pairing']} | {t['mix']} | {t['method']} | {t['client']} | "
-                     f"{_mean_sd(t['mean_reward'])} | {_mean_sd(t['last_third_reward'])} | "
-                     f"{_mean_sd(t['cumulative_reward'])} | {ev('eval_heldout')} | "
+                     f"{mean_sd(t['mean_reward'])} | {mean_sd(t['last_third_reward'])} | "
+                     f"{mean_sd(t['cumulative_reward'])} | {ev('eval_heldout')} | "
                      f"{ev('eval_ood')} |")
     lines += ["", *[f"![{p.name}]({p.name})" for p in plot_curves(rows, out)], ""]
     path = out / "summary.md"

@@ -300,11 +300,16 @@ def importance_weights(
     _check_truncation(truncation)
     _check_same_shape(2, lp_old=lp_old, lp_gen=lp_gen)
     dtype = _float_dtype(lp_old, lp_gen)
+    return _method_weight(lp_old.detach().to(dtype) - lp_gen.detach().to(dtype), method,
+                          truncation)
+
+
+def _method_weight(log_ratio: Tensor, method: str, truncation: float) -> Tensor:
+    """``w`` of ``method`` from a detached log-ratio: 1 (on_policy/nois), ``exp`` (vis),
+    ``min(exp, C)`` (tis/ftis); clamped to ``[-20, 20]`` (and ``log C``) before ``exp``."""
     if method in ("on_policy", "nois"):
-        return torch.ones(lp_old.shape, dtype=dtype, device=lp_old.device)
-    log_ratio = (lp_old.detach().to(dtype) - lp_gen.detach().to(dtype)).clamp(
-        -_MAX_LOG_RATIO, _MAX_LOG_RATIO
-    )
+        return torch.ones_like(log_ratio)
+    log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     if method in ("tis", "ftis"):
         log_ratio = log_ratio.clamp(max=math.log(truncation))
     return torch.exp(log_ratio)
@@ -651,16 +656,11 @@ def sequence_importance_weights(
     _check_truncation(truncation)
     _check_same_shape(1, seq_lp_old=seq_lp_old, seq_lp_gen=seq_lp_gen)
     dtype = _float_dtype(seq_lp_old, seq_lp_gen)
-    if method in ("on_policy", "nois"):
-        return torch.ones(seq_lp_old.shape, dtype=dtype, device=seq_lp_old.device)
     log_ratio = seq_lp_old.detach().to(dtype) - seq_lp_gen.detach().to(dtype)
     if lengths is not None:
         _check_same_shape(1, seq_lp_old=seq_lp_old, lengths=lengths)
         log_ratio = log_ratio / lengths.detach().to(dtype).clamp(min=1.0)
-    log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    if method in ("tis", "ftis"):
-        log_ratio = log_ratio.clamp(max=math.log(truncation))
-    return torch.exp(log_ratio)
+    return _method_weight(log_ratio, method, truncation)
 
 
 def sequence_level_divergence(
