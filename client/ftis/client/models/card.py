@@ -37,7 +37,8 @@ def logical_numel(param: Any) -> int:
 
 
 def build_model_card(
-    model: Any, tokenizer: Any, *, base_model: str, peft: str, quantization: str
+    model: Any, tokenizer: Any, *, base_model: str, peft: str, quantization: str,
+    tokenizer_json: str | None = None,
 ) -> bundle_pb2.ModelCard:
     """ModelCard of a loaded (possibly PEFT-wrapped) causal LM.
 
@@ -45,7 +46,8 @@ def build_model_card(
     4-bit quantized weights counted at their logical shape (:func:`logical_numel`);
     ``dtype`` is the first floating-point parameter's dtype (for QLoRA the compute dtype,
     the packed 4-bit storage is uint8); ``vocab_size`` is the embedding size, the bound
-    on valid token ids.
+    on valid token ids. ``tokenizer_json`` (the backend's ``to_str()``, if the caller
+    already has it) avoids serializing a large tokenizer a second time.
     """
     params = list(model.named_parameters())
     total = sum(logical_numel(p) for n, p in params if "lora_" not in n)
@@ -60,7 +62,8 @@ def build_model_card(
         peft=peft,
         dtype=dtype,
         quantization=quantization,
-        tokenizer_fingerprint=fingerprint_of(tokenizer),
+        tokenizer_fingerprint=(tokenizer_fingerprint(tokenizer_json)
+                               if tokenizer_json is not None else fingerprint_of(tokenizer)),
         vocab_size=vocab,
         trainable_parameter_count=trainable,
     )

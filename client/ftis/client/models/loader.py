@@ -52,6 +52,8 @@ class Policy:
     tokenizer: Any
     card: bundle_pb2.ModelCard
     name: str
+    #: ``tokenizer.json`` text serialized at load time (``None``: serialize on demand)
+    cached_tokenizer_json: str | None = field(default=None, repr=False)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -79,7 +81,9 @@ class Policy:
     @property
     def tokenizer_json(self) -> str:
         """The tokenizer's ``tokenizer.json`` text (uploaded to the coordinator)."""
-        return self.tokenizer.backend_tokenizer.to_str()
+        if self.cached_tokenizer_json is None:
+            self.cached_tokenizer_json = self.tokenizer.backend_tokenizer.to_str()
+        return self.cached_tokenizer_json
 
     def prompt_token_ids(self, messages: list[dict[str, str]]) -> tuple[list[int], str]:
         """Token ids and text of the prompt for chat ``messages``.
@@ -212,8 +216,11 @@ def load_policy(
         )
     if gradient_checkpointing and peft != "qlora":  # qlora: enabled by prepare_model_...
         model.gradient_checkpointing_enable()
+    # serialized once: hashed for the card here, uploaded to the coordinator later
+    tokenizer_json = tokenizer.backend_tokenizer.to_str()
     card = build_model_card(
         model, tokenizer, base_model=resolved.base_model, peft=peft,
-        quantization=quantization,
+        quantization=quantization, tokenizer_json=tokenizer_json,
     )
-    return Policy(model=model, tokenizer=tokenizer, card=card, name=name)
+    return Policy(model=model, tokenizer=tokenizer, card=card, name=name,
+                  cached_tokenizer_json=tokenizer_json)
