@@ -5,8 +5,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ftis-installed
 PIP    := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 
-# demo knobs (override: make demo ROUNDS=20)
-ROUNDS ?= 10
+# demo knobs (override: make demo ROUNDS=40 SEED=1)
+ROUNDS ?= 30
+SEED ?= 0
 DEMO_OUT ?= runs/demo
 
 .PHONY: setup test test-fast demo bench bench-learner experiments proto lint clean
@@ -31,7 +32,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not e2e"
 
 demo: setup
-	$(BIN)/ftis-client demo --rounds $(ROUNDS) --out $(DEMO_OUT)
+	$(BIN)/ftis-client demo --rounds $(ROUNDS) --seed $(SEED) --out $(DEMO_OUT)
 
 # All benchmarks: the learner against TRL, then 100k fuzz examples of bundle
 # verification (envelope decoding, check_structure, the coordinator's submit path;
@@ -45,16 +46,24 @@ bench-learner: setup
 	$(PIP) -e "client[bench]"
 	$(BIN)/python bench/learner_vs_trl.py --reps 5
 
-# The experiment matrices of docs/results.md (each takes tens of minutes on 2 cores).
+# The experiment matrices of docs/results.md, then its tables (experiments/summarize.py
+# copies each run's raw results to experiments/results/ID and rewrites the tables).
+# Resumable: finished cells are reused. The power pilot runs into the same folder as
+# ftis_methods, whose run then reuses its cells. Many hours on 2 cores (docs/results.md).
+# LEGACY=1 also re-runs the older sections A-D (tables kept as text in docs/results.md).
 experiments: setup
-	$(BIN)/ftis-client experiment --config experiments/ftis_comparison.json --out runs/ftis_comparison
-	$(BIN)/ftis-client experiment --config experiments/ftis_comparison_diverging.json --out runs/ftis_diverging
-	$(BIN)/ftis-client experiment --config experiments/sapo_sweep.json --out runs/sapo_sweep
-	# heterogeneous swarms (docs/results.md section D)
-	for x in hetero_family hetero_family_geometric hetero_peft hetero_quant; do \
-		$(BIN)/ftis-client experiment --config experiments/$$x.json --out runs/$$x || exit 1; done
-	$(BIN)/python experiments/summarize_hetero.py runs/hetero_family runs/hetero_family_geometric \
-		runs/hetero_peft runs/hetero_quant
+	for x in ftis_power_pilot:ftis_methods ftis_methods:ftis_methods sapo_sweep_v2:sapo_sweep_v2; do \
+		cfg=$${x%%:*}; out=runs/$${x##*:}; \
+		$(BIN)/ftis-client experiment --config experiments/$$cfg.json --out $$out || exit 1; \
+		$(BIN)/python experiments/summarize.py --collect $$out || exit 1; done
+	if [ -n "$(LEGACY)" ]; then \
+		$(BIN)/ftis-client experiment --config experiments/ftis_comparison.json --out runs/ftis_comparison && \
+		$(BIN)/ftis-client experiment --config experiments/ftis_comparison_diverging.json --out runs/ftis_diverging && \
+		$(BIN)/ftis-client experiment --config experiments/sapo_sweep.json --out runs/sapo_sweep && \
+		for x in hetero_family hetero_family_geometric hetero_peft hetero_quant; do \
+			$(BIN)/ftis-client experiment --config experiments/$$x.json --out runs/$$x || exit 1; done && \
+		$(BIN)/python experiments/summarize_hetero.py runs/hetero_family runs/hetero_family_geometric \
+			runs/hetero_peft runs/hetero_quant || exit 1; fi
 
 proto: setup
 	cd proto && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \

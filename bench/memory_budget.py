@@ -41,10 +41,10 @@ def worker(args: argparse.Namespace) -> dict:
 
     import ftis.client.node.runner  # noqa: F401
     import ftis.client.swarm.connection  # noqa: F401
-    from ftis.client.learner.batch import RolloutGroup
     from ftis.client.learner.trainer import Learner, LearnerConfig
     from ftis.client.models.loader import LoraSettings, load_policy
     from ftis.client.node.memory import architecture_of, estimate_peak_memory
+    from ftis.client.rollout.groups import RolloutGroup
     from ftis.client.rollout.sampler import SamplingSettings, sample_groups
     from ftis.tasks import render_messages
     from ftis.tasks.source import DEFAULT_TASKS, TaskSource

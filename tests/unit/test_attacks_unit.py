@@ -21,7 +21,7 @@ from ftis.client.attack.nodes import (
     TextMismatchNode,
     read_attack_log,
 )
-from ftis.client.learner.batch import RolloutGroup
+from ftis.client.rollout.groups import RolloutGroup
 from ftis.protocol.bundles import BundleLimits, check_structure
 from ftis.protocol.envelope import open_envelope, seal
 from ftis.protocol.errors import ErrorCode, FtisError

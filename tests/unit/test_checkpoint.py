@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from ftis.client.learner.batch import RolloutGroup
 from ftis.client.learner.checkpoint import load_checkpoint, save_checkpoint
 from ftis.client.learner.trainer import Learner, LearnerConfig
+from ftis.client.rollout.groups import RolloutGroup
 
 GROUP = RolloutGroup([1, 5, 6], [[7, 8, 2], [9, 2]], [[-1.0, -2.0, -0.5], [-3.0, -0.1]],
                      [1.0, 0.0], local=True)

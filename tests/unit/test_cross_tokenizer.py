@@ -55,8 +55,42 @@ def test_sequence_divergence_hand_values():
                                torch.tensor([1.0, 1 - 3 * E**-2, 0.0]))
     torch.testing.assert_close(sequence_level_divergence(old, gen, "kl_gen_learner"),
                                torch.tensor([E - 2, E**-2 + 1, 0.0]))
+    # per-token: x = (S_old - S_gen) / n with n = 2, 4, 1 -> x = 0.5, -0.5, 0
+    n = torch.tensor([2.0, 4.0, 1.0])
+    torch.testing.assert_close(sequence_level_divergence(old, gen, "k1_mean", n),
+                               torch.tensor([-0.5, 0.5, 0.0]))
+    # k3(x) = e^x - 1 - x: e^0.5 - 1.5 = 0.1487212707 ; e^-0.5 - 0.5 = 0.1065306597
+    torch.testing.assert_close(sequence_level_divergence(old, gen, "k3_mean", n),
+                               torch.tensor([0.1487212707, 0.1065306597, 0.0]))
     with pytest.raises(ValueError):
         sequence_level_divergence(old, gen, "tv")
+    with pytest.raises(ValueError):  # a per-token statistic needs the token counts
+        sequence_level_divergence(old, gen, "k1_mean")
+
+
+@pytest.mark.parametrize("n", [1, 8, 30, 64, 512])
+def test_cross_tokenizer_gate_fires_at_per_token_log_ratio_minus_2(n):
+    # S_old - S_gen = -2 n: k1 mean (S_gen - S_old) / n = 2 >= delta = 1, at every length
+    # (the summed log-ratio -2 n is far beyond the old [-20, 20] clamp for n > 10)
+    lp_old = torch.full((2, n), -1.0)
+    s_gen = torch.full((2,), -1.0 * n + 2.0 * n)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    adv = torch.tensor([-1.0, 1.0])
+    out = sequence_level_policy_loss(lp_old.clone(), lp_old, s_gen, adv, mask, LossConfig())
+    assert out.per_completion.filtered.tolist() == [True, False]  # only the negative one
+    torch.testing.assert_close(out.per_completion.k1_mean, torch.tensor([2.0, 2.0]))
+    torch.testing.assert_close(out.per_completion.log_ratio_sum,
+                               torch.tensor([-2.0 * n, -2.0 * n]))
+    # the legacy sequence-level kl_learner_gen is at most 1 nat as R -> 0: with g = 50 it
+    # never fires, which made cross-family F-TIS plain TIS
+    legacy = LossConfig(divergence="kl_learner_gen", filter_threshold=50.0)
+    out = sequence_level_policy_loss(lp_old.clone(), lp_old, s_gen, adv, mask, legacy)
+    assert not out.per_completion.filtered.any()
+    assert (out.per_completion.divergence <= 1.0).all()
+    # a per-token log-ratio of -0.5 stays under delta
+    s_gen = torch.full((2,), -0.5 * n)
+    out = sequence_level_policy_loss(lp_old.clone(), lp_old, s_gen, adv, mask, LossConfig())
+    assert not out.per_completion.filtered.any()
 
 
 def test_sequence_level_loss_and_gradient_hand_computed():
@@ -67,7 +101,8 @@ def test_sequence_level_loss_and_gradient_hand_computed():
     adv = torch.tensor([1.0, -1.0])
     lp_theta = lp_old.clone().requires_grad_(True)
     cfg = LossConfig(method="tis", truncation=2.0)
-    loss, stats = sequence_level_policy_loss(lp_theta, lp_old, seq_gen, adv, mask, cfg)
+    out = sequence_level_policy_loss(lp_theta, lp_old, seq_gen, adv, mask, cfg)
+    loss, stats = out.loss, out.values
     w = [2.0, E**-1]  # min(e, 2), e^-1
     expected = -(w[0] * 1 * 2 + w[1] * -1 * 1) / 3
     assert loss.item() == pytest.approx(expected, abs=1e-6)
@@ -79,10 +114,15 @@ def test_sequence_level_loss_and_gradient_hand_computed():
     assert stats["truncated_frac"].item() == pytest.approx(2 / 3)  # both tokens of seq 0
     # logratio_gen_mean: token-weighted mean of S_old - S_gen = (1 + 1 - 1) / 3
     assert stats["logratio_gen_mean"].item() == pytest.approx(1 / 3, abs=1e-6)
+    # k1 means (S_gen - S_old) / n = -1 / 2, 1 / 1 ; sequence mean 0.25
+    torch.testing.assert_close(out.per_completion.k1_mean, torch.tensor([-0.5, 1.0]))
+    assert stats["k1_mean"].item() == pytest.approx(0.25)
+    assert out.per_completion.tokens.tolist() == [2, 1]
+    assert out.per_completion.truncated_tokens.tolist() == [2, 0]
 
     # nois: weight 1 everywhere
-    loss_nois, _ = sequence_level_policy_loss(lp_old.clone(), lp_old, seq_gen, adv, mask,
-                                              LossConfig(method="nois"))
+    loss_nois = sequence_level_policy_loss(lp_old.clone(), lp_old, seq_gen, adv, mask,
+                                           LossConfig(method="nois")).loss
     assert loss_nois.item() == pytest.approx(-(1 * 2 - 1) / 3, abs=1e-6)
 
 
@@ -91,11 +131,16 @@ def test_sequence_level_filter_drops_far_negative_samples():
     mask = torch.ones(2, 2, dtype=torch.bool)
     seq_gen = torch.tensor([0.0, 0.0])  # S_old = -2: R = e^-2, D = 1 - 3e^-2 = 0.594
     adv = torch.tensor([1.0, -1.0])
-    cfg = LossConfig(method="ftis", filter_threshold=0.5)
-    loss, stats = sequence_level_policy_loss(lp_old.clone(), lp_old, seq_gen, adv, mask, cfg)
-    assert stats["filtered_frac"].item() == 0.5  # only the negative one
-    assert loss.item() == pytest.approx(-(E**-2) * 2 / 4, abs=1e-6)
-    assert stats["divergence_mean"].item() == pytest.approx(1 - 3 * E**-2, abs=1e-6)
+    # default gate: k1 mean (0 - (-2)) / 2 = 1 >= delta = 1 ; legacy with g = 0.5 alike
+    for cfg in (LossConfig(method="ftis"),
+                LossConfig(divergence="kl_learner_gen", filter_threshold=0.5)):
+        out = sequence_level_policy_loss(lp_old.clone(), lp_old, seq_gen, adv, mask, cfg)
+        stats = out.values
+        assert stats["filtered_frac"].item() == 0.5  # only the negative one
+        assert out.per_completion.filtered.tolist() == [False, True]
+        assert out.loss.item() == pytest.approx(-(E**-2) * 2 / 4, abs=1e-6)
+        assert stats["divergence_mean"].item() == pytest.approx(1 - 3 * E**-2, abs=1e-6)
+        assert stats["k1_mean"].item() == pytest.approx(1.0)
 
 
 # ----------------------------------------------------------------- termination
@@ -186,7 +231,7 @@ def test_cross_family_group_weights_match_hand_computation(two_families):
                         rng=random.Random(0), retokenizer=retokenizer_for(recv))
     assert pool.add(relayed) and pool.cross_tokenizer_accepted == 1
     group = pool.take(1)[0]
-    assert group.cross_tokenizer
+    assert group.cross_tokenizer and group.gen_logprobs is None
     # the receiver's own prompt for the coordinator's question, not the sender's tokens
     assert group.prompt_ids == recv.prompt_token_ids(render_messages(question))[0]
     for c, ids, s in zip(bundle.completions, group.completions, group.gen_sequence_logprobs,
@@ -267,8 +312,8 @@ def test_geometric_sequence_weights_hand_computed():
     # in the loss: the learner's token count is n
     lp_old = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])  # S_old = -4
     mask = torch.ones(1, 4, dtype=torch.bool)
-    loss, stats = sequence_level_policy_loss(
+    out = sequence_level_policy_loss(
         lp_old.clone(), lp_old, torch.tensor([-8.0]), torch.tensor([1.0]), mask,
         LossConfig(method="tis", truncation=2.0), length_normalized=True)
-    assert stats["is_weight_mean"].item() == pytest.approx(min(math.exp(1.0), 2.0))
-    assert loss.item() == pytest.approx(-2.0)
+    assert out.stats["is_weight_mean"].value.item() == pytest.approx(min(math.exp(1.0), 2.0))
+    assert out.loss.item() == pytest.approx(-2.0)

@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from ftis.client.swarm.external_pool import ExternalPool
 from ftis.protocol.envelope import seal
 from ftis.protocol.identity import NodeIdentity
@@ -10,7 +12,8 @@ from ftis.v1 import bundle_pb2, swarm_pb2
 FP = "ab" * 32
 
 
-def _relayed(identity, seq, rewards=(1.0, 0.0), token=5, fingerprint=FP, version=0):
+def _relayed(identity, seq, rewards=(1.0, 0.0), token=5, fingerprint=FP, version=0,
+             reputation=0.0):
     bundle = bundle_pb2.Bundle(
         task_id=f"t{seq}", lease_id=f"l{seq}", node_id=identity.node_id,
         model_card=bundle_pb2.ModelCard(tokenizer_fingerprint=fingerprint, vocab_size=100),
@@ -22,7 +25,8 @@ def _relayed(identity, seq, rewards=(1.0, 0.0), token=5, fingerprint=FP, version
     )
     return swarm_pb2.RelayedBundle(sequence=seq, bundle_id=f"b{seq}",
                                    envelope=seal("bundle", bundle, identity),
-                                   verified_rewards=list(rewards))
+                                   verified_rewards=list(rewards),
+                                   sender_reputation=reputation)
 
 
 def test_pool_keeps_valid_and_drops_bad_bundles():
@@ -92,3 +96,50 @@ def test_a_huge_policy_version_only_stales_its_own_sender():
     pool.add(_relayed(liar, 3, version=2**62))
     taken = pool.take(5)
     assert sorted(g.policy_version for g in taken) == [3, 2**62]
+
+
+def test_take_never_returns_a_zero_variance_group():
+    """SAPO as written: the J external groups are drawn only among informative groups,
+    however many uninformative ones (all rewards equal) were relayed."""
+    me = NodeIdentity.generate()
+    peers = [NodeIdentity.generate() for _ in range(3)]
+    pool = ExternalPool(me.node_id, 100, FP, rng=random.Random(0))
+    informative = 0
+    for seq in range(1, 121):
+        peer = peers[seq % 3]
+        flat = seq % 5 != 0  # 4 of 5 bundles carry no signal
+        rewards = (float(seq % 2),) * 3 if flat else (1.0, 0.0, 0.0)
+        # the uninformative ones come from the best-reputed senders
+        kept = pool.add(_relayed(peer, seq, rewards=rewards,
+                                 reputation=0.99 if flat else 0.05))
+        assert kept is not flat
+        informative += not flat
+    assert pool.zero_variance_dropped == 120 - informative and pool.rejected == 0
+    taken = []
+    while batch := pool.take(4):
+        assert all(not g.reward_variance_zero for g in batch)
+        taken += batch
+    assert len(taken) == informative == 24
+    assert len({g.meta["bundle_id"] for g in taken}) == 24 and not pool.weights
+
+
+def test_groups_are_built_from_the_bundle():
+    from ftis.client.rollout.groups import RolloutGroup
+
+    me, peer = NodeIdentity.generate(), NodeIdentity.generate()
+    relayed = _relayed(peer, 7, rewards=(0.0, 1.0), version=3)
+    pool = ExternalPool(me.node_id, 100, FP)
+    assert pool.add(relayed)
+    (group,) = pool.take(1)
+    bundle = bundle_pb2.Bundle()
+    bundle.ParseFromString(relayed.envelope.payload)
+    # the same builder serves the learner's own bundles
+    own = RolloutGroup.from_bundle(bundle, [0.0, 1.0], local=True)
+    assert own.local and not group.local
+    for g in (own, group):
+        assert (g.prompt_ids, g.completions, g.sender, g.policy_version, g.task_id) == (
+            [1, 2, 3], [[5, 6], [5, 6]], peer.node_id, 3, "t7")
+        assert g.gen_logprobs == [[-0.5, -1.0], [-0.5, -1.0]] and not g.cross_tokenizer
+    assert group.meta["bundle_id"] == "b7"
+    with pytest.raises(ValueError):
+        RolloutGroup.from_bundle(bundle, [1.0], local=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ftis.client.learner.batch import RolloutGroup
 from ftis.client.learner.checkpoint import load_checkpoint, save_checkpoint
 from ftis.client.learner.trainer import Learner, LearnerConfig
 from ftis.client.models.loader import LoraSettings, load_policy, qlora_quantization
 from ftis.client.node.memory import architecture_of
+from ftis.client.rollout.groups import RolloutGroup
 
 pytest.importorskip("bitsandbytes")
 

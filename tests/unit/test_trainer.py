@@ -5,9 +5,10 @@ import copy
 import pytest
 import torch
 
-from ftis.client.learner.batch import RolloutGroup, pack
+from ftis.client.learner.batch import pack
 from ftis.client.learner.loss import LossConfig, group_advantages
 from ftis.client.learner.trainer import Learner, LearnerConfig, groups_to_samples
+from ftis.client.rollout.groups import RolloutGroup
 
 
 def _groups():
@@ -135,3 +136,100 @@ def test_sender_statistics_for_receiver_feedback(tiny_policy_factory):
     assert st.mean_log_ratio == pytest.approx(float(expected), abs=1e-4)
     # generator log-probs of -5 per token vs a ~uniform tiny model (-log 300 = -5.7): no cap
     assert st.truncated_tokens == 0 and st.filtered == 0
+
+
+def test_every_loss_statistic_is_accumulated_by_its_declared_reduction():
+    """No statistic the loss produces can be dropped by the trainer (issue 11)."""
+    from ftis.client.learner.loss import Reduction, policy_loss, sequence_level_policy_loss
+    from ftis.client.learner.trainer import StatAccumulator
+
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    adv = torch.tensor([1.0, -1.0])
+    outs = [policy_loss(old.clone(), old, old + 0.4, adv, mask, LossConfig()),
+            sequence_level_policy_loss(old.clone(), old, torch.tensor([-2.0, -9.0]), adv,
+                                       mask, LossConfig())]
+    for out in outs:
+        acc = StatAccumulator()
+        acc.add(out.stats, 5, 2)
+        assert set(acc.finish()) == set(out.stats) | {"samples_counted"}
+    # two micro-batches combine exactly: token means by tokens, sequence means by
+    # completions, maxima by max
+    a, b = outs
+    acc = StatAccumulator()
+    acc.add(a.stats, 5, 2)
+    acc.add(b.stats, 3, 1)
+    res = acc.finish()
+    for name, stat in a.stats.items():
+        va, vb = float(stat.value), float(b.stats[name].value)
+        expected = {Reduction.TOKEN_MEAN: (5 * va + 3 * vb) / 8,
+                    Reduction.SEQ_MEAN: (2 * va + 1 * vb) / 3,
+                    Reduction.MAX: max(va, vb)}[stat.reduction]
+        assert res[name] == pytest.approx(expected, rel=1e-6, abs=1e-7), name
+    assert res["samples_counted"] == 3
+
+
+def test_step_emits_every_statistic_per_partition(tiny_policy_factory):
+    from ftis.client.learner.loss import policy_loss
+
+    pol = tiny_policy_factory()
+    m, _ = _grads_after_backward(pol, _groups(), 2, method="ftis")
+    lp = torch.zeros(1, 1)
+    names = set(policy_loss(lp, lp, lp, torch.ones(1), torch.ones(1, 1), LossConfig()).stats)
+    assert {"is_weight_mean", "is_weight_max", "is_weight_raw_max", "truncated_frac",
+            "filtered_frac", "divergence_mean", "clip_frac", "logratio_gen_mean",
+            "k1_mean", "gate_mean", "gate_max"} == names
+    for prefix in ("", "external_"):
+        assert {prefix + n for n in names} | {prefix + "samples_counted"} <= set(m)
+    assert not any(k.startswith("cross_") for k in m)  # no cross-tokenizer samples
+    assert m["samples_counted"] == 5 and m["external_samples_counted"] == 2
+
+
+def test_sender_statistics_take_the_loss_filter_decisions(tiny_policy_factory):
+    """An external negative sample the learner finds very unlikely (generator log-prob 0
+    vs about -log 300 = -5.7 under the tiny model: k1 mean about 5.7 >= 1) is filtered,
+    and the per-sender count is the loss's own decision."""
+    pol = tiny_policy_factory()
+    external = RolloutGroup([1, 5], [[7, 8, 2], [9, 2]], [[0.0, 0.0, 0.0], [-5.0, -5.1]],
+                            [0.0, 1.0], local=False, sender="peer")
+    learner = Learner(copy.deepcopy(pol.model), LearnerConfig(learning_rate=0.0), 0)
+    m = learner.step([external])
+    st = learner.sender_stats["peer"]
+    assert st.completions == 2 and st.filtered == 1 and st.tokens == 5
+    assert m["external_filtered_frac"] == pytest.approx(0.5)
+    assert m["external_gate_max"] > 4.0
+    # the legacy summed gate with the paper's g = 50 keeps it: D <= 3 tokens x 1 nat
+    legacy = LossConfig(divergence="kl_learner_gen", filter_threshold=50.0)
+    learner = Learner(copy.deepcopy(pol.model), LearnerConfig(loss=legacy, learning_rate=0.0), 0)
+    learner.step([external])
+    assert learner.sender_stats["peer"].filtered == 0
+    # the feedback describes the sample, whatever the method: tis does not filter, but the
+    # sender's gated completion is still reported
+    tis = LossConfig(method="tis")
+    learner = Learner(copy.deepcopy(pol.model), LearnerConfig(loss=tis, learning_rate=0.0), 0)
+    m = learner.step([external])
+    assert learner.sender_stats["peer"].filtered == 1 and m["external_filtered_frac"] == 0.0
+
+
+def test_cross_tokenizer_groups_carry_no_token_logprobs_and_pack():
+    cross = RolloutGroup([1, 5], [[7, 8, 2], [9, 2]], None, [1.0, 0.0], local=False,
+                         gen_sequence_logprobs=[-4.0, -3.0])
+    assert cross.cross_tokenizer and cross.gen_logprobs is None
+    # an empty list is accepted and normalised; per-token rows are refused
+    assert RolloutGroup([1], [[2]], [], [1.0], local=False,
+                        gen_sequence_logprobs=[-1.0]).gen_logprobs is None
+    with pytest.raises(ValueError):
+        RolloutGroup([1], [[2]], [[-1.0]], [1.0], local=False, gen_sequence_logprobs=[-1.0])
+    with pytest.raises(ValueError):  # a token-aligned group needs its log-probs
+        RolloutGroup([1], [[2]], None, [1.0], local=True)
+    with pytest.raises(ValueError):
+        RolloutGroup([1], [[2, 3]], [[-1.0]], [1.0], local=True)
+    samples = groups_to_samples([cross], scale_by_std=False)
+    assert [s.gen_logprobs for s in samples] == [None, None]
+    batch = pack(samples, 0)
+    assert batch.gen_logprobs is None
+    torch.testing.assert_close(batch.gen_sequence_logprobs, torch.tensor([-4.0, -3.0]))
+    torch.testing.assert_close(batch.advantages, torch.tensor([0.5, -0.5]))
+    token = groups_to_samples(_groups()[:1], scale_by_std=False)
+    with pytest.raises(ValueError):
+        pack(samples + token, 0)

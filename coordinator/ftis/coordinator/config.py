@@ -70,6 +70,9 @@ class CoordinatorConfig(BaseSettings):
             ``postgresql://...``) or a plain path, which means an SQLite file.
         tasks: ReasoningGYM task mix handed out in leases.
         task_seed: seed of the task mix (dataset ``k`` uses ``task_seed + k``).
+        heldout_fraction: share of operand keys kept out of every lease
+            (:mod:`ftis.tasks.split`), so that an evaluation with the same fraction is
+            disjoint by operands from training; 0 = lease everything.
         lease_ttl_s: seconds from issuing a lease to its deadline.
         max_outstanding_leases: unanswered, unexpired leases one node may hold.
         min_group_size, max_group_size: allowed G per lease request.
@@ -105,6 +108,7 @@ class CoordinatorConfig(BaseSettings):
     db: str = "ftis-coordinator.db"
     tasks: list[TaskSpec] = Field(default_factory=lambda: list(DEFAULT_TASKS), min_length=1)
     task_seed: int = 0
+    heldout_fraction: float = Field(default=0.0, ge=0, lt=1)
     lease_ttl_s: float = Field(default=600, gt=0)
     max_outstanding_leases: int = Field(default=64, ge=1)
     min_group_size: int = Field(default=2, ge=1)

@@ -46,7 +46,7 @@ from ftis.coordinator.verify import (
 from ftis.protocol.auth import verify_request
 from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
 from ftis.protocol.errors import ErrorCode, FtisError, code_name
-from ftis.tasks import TaskSource
+from ftis.tasks import HeldoutSplit, TaskSource
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,8 @@ class Coordinator:
         self.config = config
         self.state = state
         self.clock = clock
-        self.tasks = TaskSource(list(config.tasks), seed=config.task_seed)
+        self.tasks = TaskSource(list(config.tasks), seed=config.task_seed,
+                                split=HeldoutSplit(config.heldout_fraction), part="train")
         issued = state.lease_counts()
         self.tasks.skip(
             [issued.get((k, spec.dataset), 0) for k, spec in enumerate(self.tasks.specs)]

@@ -47,7 +47,6 @@ from ftis.coordinator.tokenizer_store import TokenizerCache, decode
 from ftis.protocol.bundles import BundleLimits, check_structure, completion_tokens
 from ftis.protocol.envelope import open_envelope, parse_envelope_bytes
 from ftis.protocol.errors import ErrorCode, FtisError
-from ftis.tasks import score_completion
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
@@ -202,8 +201,7 @@ def rescore(lease: LeaseRecord, bundle: bundle_pb2.Bundle) -> tuple[list[float],
         ``(verified_rewards, reward_mismatches)``: one reward in [0, 1] per completion,
         and how many claimed rewards differ from it by more than 1e-6.
     """
-    entry = lease.entry.as_entry()
-    rewards = [score_completion(lease.dataset, c.text, entry) for c in bundle.completions]
+    rewards = [lease.entry.score(c.text) for c in bundle.completions]
     mismatches = sum(
         1
         for c, r in zip(bundle.completions, rewards, strict=True)

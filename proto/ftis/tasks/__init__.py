@@ -9,15 +9,19 @@ from ftis.tasks.prompt import (
     render_plain_prompt,
 )
 from ftis.tasks.scoring import extract_answer, score_completion
-from ftis.tasks.source import TaskEntry, TaskSource, TaskSpec
+from ftis.tasks.source import REWARDS, TaskEntry, TaskSource, TaskSpec
+from ftis.tasks.split import HeldoutSplit, operand_key
 
 __all__ = [
     "PLAIN_STOP_STRINGS",
+    "REWARDS",
     "SYSTEM_PROMPT",
+    "HeldoutSplit",
     "TaskEntry",
     "TaskSource",
     "TaskSpec",
     "extract_answer",
+    "operand_key",
     "render_messages",
     "render_plain_prompt",
     "score_completion",

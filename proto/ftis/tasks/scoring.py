@@ -10,7 +10,8 @@ scores 0 on 1-digit ``chain_sum`` with strict ``<answer>`` tags). In order:
 4. otherwise the last non-empty line, stripped.
 
 The extracted string is passed to the dataset's ``score_answer(answer, entry)``, so the
-reward is ReasoningGYM's (in [0, 1]).
+reward is ReasoningGYM's (in [0, 1]); or, with the ``exact`` reward, compared with the
+oracle answer for a binary reward (no partial credit).
 """
 
 from __future__ import annotations
@@ -64,22 +65,42 @@ def _score_fn(dataset: str) -> Callable[[str | None, dict[str, Any]], float]:
     return reasoning_gym.get_score_answer_fn(dataset)
 
 
-def score_completion(dataset: str, text: str, entry: dict[str, Any]) -> float:
+def exact_match(answer: str | None, oracle: str) -> bool:
+    """True when an extracted answer equals the oracle answer: numerically (``"12.0"``
+    equals ``"12"``, thousands separators ignored) when both are numbers, otherwise as
+    strings after stripping whitespace and case-folding."""
+    if answer is None:
+        return False
+    if _is_number(answer) and _is_number(oracle):
+        return float(answer.replace(",", "")) == float(oracle.replace(",", ""))
+    return answer.strip().casefold() == oracle.strip().casefold()
+
+
+def score_completion(dataset: str, text: str, entry: dict[str, Any],
+                     reward: str = "gym") -> float:
     """Reward in [0, 1] of a completion for a ReasoningGYM entry.
 
     Args:
         dataset: ReasoningGYM dataset name (e.g. ``"chain_sum"``).
         text: completion text.
         entry: the dataset entry (``question``, ``answer``, ``metadata``).
+        reward: ``gym`` -- the dataset's ``score_answer`` (partial credit where the
+            dataset gives it, e.g. 0.5 for "15" against "5" on decimal scorers);
+            ``exact`` -- binary: 1.0 when :func:`exact_match` holds, else 0.0.
 
     Raises:
-        ValueError: if the dataset is not registered in ReasoningGYM.
+        ValueError: if the dataset is not registered in ReasoningGYM or ``reward`` is
+            unknown.
     """
     answer = extract_answer(text, str(entry.get("answer")))
+    if reward == "exact":
+        return 1.0 if exact_match(answer, str(entry.get("answer"))) else 0.0
+    if reward != "gym":
+        raise ValueError(f"unknown reward {reward!r}; expected 'gym' or 'exact'")
     try:
-        reward = float(_score_fn(dataset)(answer, entry))
+        value = float(_score_fn(dataset)(answer, entry))
     except Exception:  # noqa: BLE001 - a scorer crash on odd input means "wrong"
         return 0.0
-    if not math.isfinite(reward):
+    if not math.isfinite(value):
         return 0.0
-    return min(max(reward, 0.0), 1.0)
+    return min(max(value, 0.0), 1.0)

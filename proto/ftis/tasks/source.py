@@ -9,6 +9,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from ftis.tasks.split import HeldoutSplit, SplitPart
+
+#: Reward functions (see :func:`ftis.tasks.scoring.score_completion`): ``gym`` is the
+#: dataset's own ``score_answer`` (partial credit on some datasets), ``exact`` is 1 for
+#: an extracted answer equal to the oracle answer and 0 otherwise.
+REWARDS = ("gym", "exact")
+
 
 class TaskSpec(BaseModel):
     """One ReasoningGYM dataset in the task mix.
@@ -18,11 +25,21 @@ class TaskSpec(BaseModel):
         weight: relative sampling weight (> 0).
         config: keyword arguments for the dataset's config class
             (e.g. ``{"min_digits": 1, "max_digits": 1}``).
+        reward: ``gym`` (ReasoningGYM's ``score_answer``; its decimal scorers give 0.5
+            to "15" or "-5" when the answer is "5") or ``exact`` (binary exact match).
     """
 
     dataset: str
     weight: float = Field(default=1.0, gt=0)
     config: dict[str, Any] = Field(default_factory=dict)
+    reward: str = Field(default="gym", description="gym | exact")
+
+    @field_validator("reward")
+    @classmethod
+    def _reward(cls, name: str) -> str:
+        if name not in REWARDS:
+            raise ValueError(f"unknown reward {name!r}; expected one of {REWARDS}")
+        return name
 
     @field_validator("dataset")
     @classmethod
@@ -51,6 +68,8 @@ class TaskEntry:
     question: str
     answer: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: reward function, one of :data:`REWARDS`
+    reward: str = "gym"
 
     def as_entry(self) -> dict[str, Any]:
         """The dict ReasoningGYM's ``score_answer`` expects."""
@@ -64,6 +83,7 @@ class TaskEntry:
                 "question": self.question,
                 "answer": self.answer,
                 "metadata": self.metadata,
+                "reward": self.reward,
             },
             default=str,
         )
@@ -71,7 +91,14 @@ class TaskEntry:
     @classmethod
     def from_json(cls, text: str) -> TaskEntry:
         d = json.loads(text)
-        return cls(d["dataset"], int(d["index"]), d["question"], str(d["answer"]), d["metadata"])
+        return cls(d["dataset"], int(d["index"]), d["question"], str(d["answer"]), d["metadata"],
+                   d.get("reward", "gym"))
+
+    def score(self, text: str) -> float:
+        """Reward in [0, 1] of a completion's text under this entry's reward function."""
+        from ftis.tasks.scoring import score_completion
+
+        return score_completion(self.dataset, text, self.as_entry(), self.reward)
 
 
 class TaskSource:
@@ -79,13 +106,16 @@ class TaskSource:
 
     Dataset ``k`` of the mix is created with seed ``seed + k`` and ``size`` entries;
     draws are sequential per dataset (index 0, 1, ...) and wrap around, so the same
-    seed and order of draws reproduce the same tasks.
+    seed and order of draws reproduce the same tasks. With a ``split``, entries of the
+    other ``part`` are passed over (:mod:`ftis.tasks.split`): a coordinator with a
+    held-out fraction never leases an entry whose operands are held out.
 
     Raises:
         ValueError: on an empty mix or an invalid dataset config.
     """
 
-    def __init__(self, specs: list[TaskSpec], seed: int = 0, size: int = 100_000) -> None:
+    def __init__(self, specs: list[TaskSpec], seed: int = 0, size: int = 100_000,
+                 split: HeldoutSplit | None = None, part: SplitPart = "train") -> None:
         import reasoning_gym
 
         if not specs:
@@ -103,13 +133,41 @@ class TaskSource:
         self._next = [0] * len(self.specs)
         self._rng = random.Random(seed)
         self._size = size
+        self.split = split if split is not None and split.fraction > 0 else None
+        self.part = part
 
     def draw(self) -> TaskEntry:
-        """Next task from a dataset chosen by weight."""
+        """Next task (of this source's split part) from a dataset chosen by weight.
+
+        Raises:
+            ValueError: if a whole pass over a dataset finds no entry of the part.
+        """
         k = self._rng.choices(range(len(self.specs)), weights=[s.weight for s in self.specs])[0]
-        index = self._next[k] % self._size
-        self._next[k] += 1
-        return self.get(k, index)
+        return self._next_of(k)
+
+    def _next_of(self, k: int) -> TaskEntry:
+        for _ in range(self._size):
+            index = self._next[k] % self._size
+            self._next[k] += 1
+            entry = self.get(k, index)
+            if self.split is None or self.split.part(
+                    entry.dataset, entry.question, entry.metadata) == self.part:
+                return entry
+        raise ValueError(f"no {self.part} entry in {self.specs[k].dataset}")
+
+    def distinct(self, count: int, max_draws: int = 100_000) -> list[TaskEntry]:
+        """Up to ``count`` entries with pairwise different questions, in draw order
+        (fewer when the part holds fewer distinct questions within ``max_draws``)."""
+        seen: set[str] = set()
+        out: list[TaskEntry] = []
+        for _ in range(max_draws):
+            if len(out) >= count:
+                break
+            e = self.draw()
+            if e.question not in seen:
+                seen.add(e.question)
+                out.append(e)
+        return out
 
     def get(self, k: int, index: int) -> TaskEntry:
         """Entry ``index`` of dataset ``k`` of the mix."""
@@ -120,11 +178,18 @@ class TaskSource:
             question=item["question"],
             answer=str(item["answer"]),
             metadata=dict(item.get("metadata", {})),
+            reward=self.specs[k].reward,
         )
 
     def skip(self, counts: list[int]) -> None:
-        """Advance the per-dataset cursors (used to resume after a restart)."""
-        self._next = [max(a, b) for a, b in zip(self._next, counts, strict=True)]
+        """Pass over ``counts[k]`` issued entries of dataset ``k`` (resume after a restart);
+        with a split the passed-over entries of the other part are skipped too."""
+        if self.split is None:
+            self._next = [max(a, b) for a, b in zip(self._next, counts, strict=True)]
+            return
+        for k, n in enumerate(counts):
+            for _ in range(n):
+                self._next_of(k)
 
     @property
     def cursors(self) -> list[int]:

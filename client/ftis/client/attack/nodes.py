@@ -22,13 +22,13 @@ from typing import Any
 import grpc
 
 from ftis.client.attack import mutations
-from ftis.client.learner.batch import RolloutGroup
 from ftis.client.node.runner import RoundResult, VolunteerNode
+from ftis.client.rollout.groups import RolloutGroup
 from ftis.protocol.bundles import MAX_BUNDLE_BYTES, MAX_GRPC_MESSAGE_BYTES
 from ftis.protocol.envelope import open_envelope, seal
 from ftis.protocol.errors import ErrorCode, FtisError, code_name
 from ftis.protocol.identity import NodeIdentity
-from ftis.tasks import TaskEntry, render_messages, score_completion
+from ftis.tasks import TaskEntry, render_messages
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
@@ -124,8 +124,7 @@ class AttackNode(VolunteerNode):
         return TaskEntry.from_json(lease.entry_json).as_entry()
 
     def scorer(self, lease: swarm_pb2.TaskLease) -> Any:
-        entry = self.entry(lease)
-        return lambda text: score_completion(lease.dataset, text, entry)
+        return TaskEntry.from_json(lease.entry_json).score
 
     def send(self, envelope: bundle_pb2.SignedEnvelope, variant: str, task_id: str = ""
              ) -> swarm_pb2.SubmitBundleResponse | None:

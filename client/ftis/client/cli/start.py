@@ -42,7 +42,12 @@ def start(
     method: Annotated[str | None, typer.Option(
         help="on_policy | nois | vis | tis | ftis")] = None,
     truncation: Annotated[float | None, typer.Option(help="C: IS-weight cap")] = None,
-    filter_threshold: Annotated[float | None, typer.Option(help="g: filter threshold")] = None,
+    filter_threshold: Annotated[float | None, typer.Option(
+        help="F-TIS gate threshold: delta in nats/token for k1_mean/k3_mean (default 1.0), "
+             "g in summed nats for kl_learner_gen/kl_gen_learner (default 50)")] = None,
+    divergence: Annotated[str | None, typer.Option(
+        help="F-TIS gate statistic: k1_mean (default) | k3_mean | kl_learner_gen | "
+             "kl_gen_learner (legacy summed)")] = None,
     cross_tokenizer: Annotated[str | None, typer.Option(
         help="bundles from another tokenizer: off | sequence (sequence-level TIS) | "
         "geometric (length-normalised) | nois")

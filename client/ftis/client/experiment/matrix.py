@@ -1,25 +1,47 @@
-"""Experiment matrices: methods × seeds × pairings × local/external mixes.
+"""Experiment matrices: arms × seeds × pairings, each cell a real local swarm.
 
-Each cell is a real swarm (one coordinator and one client process per member of the
-pairing, over loopback, see :mod:`launcher`); cells run one after another, each in its
-own folder, and a finished cell is skipped when the experiment is started again.
-Results: ``OUT/results.jsonl`` (one line per cell, client and round),
-``OUT/evals.jsonl`` (greedy held-out evaluations), ``OUT/summary.md`` and PNG curves.
+Two ways to write a matrix (``ftis-client experiment --config FILE``):
+
+* **Arms** (``"arms": [...]``): each arm names the learner's method, its local groups I,
+  external groups J and extra client flags, e.g. ``alone`` (on_policy, I, J = 0),
+  ``alone_batch_matched`` (on_policy, I + J local groups: the batch-size control),
+  ``nois``, ``tis``, ``ftis_old_gate`` and ``ftis``. A pairing's clients are
+  **learners** (they run the arm and are evaluated) or **partners** (real clients that
+  generate and train on their own rollouts only, on_policy with J = 0, with their own
+  flags such as ``--temperature 1.2`` or ``--peft qlora``; a partner with ``pretrain``
+  first trains alone on another task mix in its own swarm, and the cell resumes from
+  that checkpoint: a partner drifted by RL). An arm with ``"partners": false`` runs the
+  learners only; when every pairing has the same learners such a cell is shared by all
+  pairings (pairing label ``solo``).
+* **Methods × mixes** (the older form, ``"methods"`` and ``"mixes"``): every client of a
+  pairing runs every method at every I/J mix; ``alone`` is on_policy with J = 0.
+
+Cells run one after another, each in ``OUT/cells/NAME`` (arms: seed-major, so an
+interrupted run leaves whole seeds). A finished cell (``DONE``) is skipped when the
+experiment is started again; its ``spec.json`` (client flags, coordinator and
+evaluation settings) must match the current config, otherwise the run stops instead of
+mixing settings. Results: ``OUT/results.jsonl`` (one line per cell, client and round),
+``OUT/evals.jsonl`` (held-out evaluations), ``OUT/summary.md`` (arms: arm table with
+the gates' filtered/truncated shares, seed-paired contrasts with Holm-adjusted
+p-values, seeds needed for the target power) and PNG curves.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
+import shutil
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from ftis.client.experiment import report
 from ftis.client.experiment.launcher import ClientSpec, launch
 from ftis.client.experiment.report import read_metrics
 from ftis.client.node.evaluation import EvalConfig
@@ -27,21 +49,71 @@ from ftis.tasks.source import DEFAULT_TASKS, TaskSpec
 
 #: "alone" is on_policy training on local rollouts only (external groups 0).
 METHOD_CHOICES = ("alone", "on_policy", "nois", "vis", "tis", "ftis")
+ClientMethod = Literal["on_policy", "nois", "vis", "tis", "ftis"]
+
+#: pairing label of arms run without partners when all pairings share their learners
+SOLO = "solo"
+
+
+class Pretrain(BaseModel):
+    """A partner's pre-phase: ``rounds`` rounds alone (on_policy, J = 0) on ``tasks`` in
+    its own swarm (``OUT/pretrain/PAIRING__ROLE__sSEED``, shared by the seed's cells).
+
+    The cell copies (hard-links) the last checkpoint into the partner's folder, so the
+    partner resumes from it: weights, AdamW state and its learning rate.
+    """
+
+    rounds: int = Field(ge=1)
+    tasks: list[TaskSpec] = Field(min_length=1)
 
 
 class ClientRole(BaseModel):
-    """One member of a pairing."""
+    """One member of a pairing.
+
+    Attributes:
+        role: ``learner`` (runs the arm's method/I/J, evaluated) or ``partner`` (on_policy,
+            J = 0, not evaluated; only in arms configs).
+        local_groups: a partner's own groups per round (default: the largest J of the
+            arms, at least 1, so each learner finds J foreign groups per round).
+        extra_args: ``ftis-client start`` flags of this client; they override the
+            matrix's flags and the arm's (``["--temperature", "1.2"]``).
+        pretrain: a partner's pre-phase (:class:`Pretrain`).
+    """
 
     name: str
     model: str = "smollm2-135m"
     peft: Literal["none", "lora", "qlora"] = "none"
     learning_rate: float | None = None
     extra_args: list[str] = Field(default_factory=list)
+    role: Literal["learner", "partner"] = "learner"
+    local_groups: int | None = Field(None, ge=1)
+    pretrain: Pretrain | None = None
+
+    @model_validator(mode="after")
+    def _partner_only(self) -> ClientRole:
+        if self.role == "learner" and (self.pretrain is not None
+                                       or self.local_groups is not None):
+            raise ValueError(f"{self.name}: pretrain and local_groups are for partners; a "
+                             "learner's groups come from the arm")
+        return self
 
 
 class Pairing(BaseModel):
     name: str
-    clients: list[ClientRole]
+    clients: list[ClientRole] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> Pairing:
+        names = [c.name for c in self.clients]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pairing {self.name}: client names must be unique")
+        if not any(c.role == "learner" for c in self.clients):
+            raise ValueError(f"pairing {self.name}: needs at least one learner")
+        return self
+
+    @property
+    def learners(self) -> list[ClientRole]:
+        return [c for c in self.clients if c.role == "learner"]
 
 
 class Mix(BaseModel):
@@ -55,19 +127,71 @@ class Mix(BaseModel):
         return f"{self.local}-{self.external}"
 
 
+class Arm(BaseModel):
+    """One arm: the learners' method, local groups I, external groups J, extra flags.
+
+    Attributes:
+        args: extra ``ftis-client start`` flags of the learners in this arm (e.g.
+            ``["--divergence", "kl_learner_gen", "--filter-threshold", "50"]``).
+        partners: start the pairing's partners too (``false`` for arms that cannot use
+            them, such as ``alone``: saves their compute).
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+    method: ClientMethod
+    local: int = Field(ge=1)
+    external: int = Field(0, ge=0)
+    args: list[str] = Field(default_factory=list)
+    partners: bool = True
+
+    @property
+    def mix(self) -> str:
+        return f"{self.local}-{self.external}"
+
+
+class Contrast(BaseModel):
+    """``arm`` minus ``baseline``, paired by seed."""
+
+    arm: str
+    baseline: str
+
+
+class PowerSettings(BaseModel):
+    """Target of the sample-size line: detect ``effect`` (in the primary metric's unit)
+    with ``power`` at two-sided ``alpha`` after Holm over ``family_size`` contrasts
+    (default: this config's contrasts)."""
+
+    effect: float = Field(0.10, gt=0)
+    power: float = Field(0.8, gt=0, lt=1)
+    alpha: float = Field(0.05, gt=0, lt=1)
+    family_size: int | None = Field(None, ge=1)
+
+
 class ExperimentConfig(BaseModel):
     """An experiment matrix (``ftis-client experiment --config FILE``, JSON or TOML)."""
 
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                           description="short name: the folder of its committed results")
     name: str = "experiment"
     rounds: int = Field(6, ge=1)
     seeds: list[int] = Field(default_factory=lambda: [0])
     methods: list[str] = Field(default_factory=lambda: ["ftis"])
-    pairings: list[Pairing]
+    pairings: list[Pairing] = Field(min_length=1)
     mixes: list[Mix] = Field(default_factory=lambda: [Mix(local=2, external=2)])
+    arms: list[Arm] | None = None
+    contrasts: list[Contrast] | None = Field(
+        None, description="default: every arm with J > 0 vs alone_batch_matched, ftis vs "
+        "tis, tis vs nois, ftis vs ftis_old_gate (those whose arms exist)")
+    pool_clients: bool = Field(False, description="contrasts on the mean over learners")
+    primary_metric: str = Field("eval_heldout", description="eval.jsonl key compared at "
+                                "the last evaluation (eval_heldout_sampled: sampled pass@1)")
+    power: PowerSettings = Field(default_factory=PowerSettings)
     group_size: int = Field(8, ge=2)
     max_new_tokens: int = Field(48, ge=1)
     temperature: float = 1.0
     tasks: list[TaskSpec] = Field(default_factory=lambda: list(DEFAULT_TASKS))
+    heldout_fraction: float = Field(0.0, ge=0, lt=1, description="the coordinator never "
+                                    "leases this share of operand keys (ftis.tasks.split)")
     eval_every: int = Field(0, ge=0)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     threads_per_client: int = Field(1, ge=1)
@@ -81,6 +205,33 @@ class ExperimentConfig(BaseModel):
             raise ValueError(f"unknown methods {bad}; choose from {METHOD_CHOICES}")
         return v
 
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentConfig:
+        if self.arms is None:
+            if any(c.role == "partner" for p in self.pairings for c in p.clients):
+                raise ValueError("partner roles need an arms config")
+            if self.contrasts:
+                raise ValueError("contrasts need an arms config")
+        else:
+            names = [a.name for a in self.arms]
+            if not names or len(set(names)) != len(names):
+                raise ValueError("arms need unique names")
+            for a in self.arms:
+                if a.method == "on_policy" and a.external:
+                    raise ValueError(f"arm {a.name}: on_policy uses no external groups; "
+                                     "set external 0 (or local I + J for a batch-matched "
+                                     "control)")
+            for c in self.contrasts or []:
+                for n in (c.arm, c.baseline):
+                    if n not in names:
+                        raise ValueError(f"contrast refers to unknown arm {n!r}")
+        if (self.heldout_fraction > 0 and "heldout_fraction" in EvalConfig.model_fields
+                and "heldout_fraction" not in self.eval.model_fields_set):
+            # evaluate on the operand keys the coordinator never leases
+            self.eval = self.eval.model_copy(update={"heldout_fraction":
+                                                     self.heldout_fraction})
+        return self
+
     @classmethod
     def load(cls, path: Path) -> ExperimentConfig:
         text = path.read_text()
@@ -90,100 +241,310 @@ class ExperimentConfig(BaseModel):
             return cls.model_validate(tomllib.loads(text))
         return cls.model_validate_json(text)
 
+    @property
+    def results_id(self) -> str:
+        return self.id or "experiment"
+
+    def contrast_list(self) -> list[Contrast]:
+        """The configured contrasts, or the default rule (see ``contrasts``)."""
+        if self.arms is None:
+            return []
+        if self.contrasts is not None:
+            return list(self.contrasts)
+        return [Contrast(arm=a, baseline=b) for a, b in
+                report.default_contrasts([(a.name, a.external) for a in self.arms])]
+
+    def solo_label(self, pairing: Pairing) -> str:
+        """Pairing label of this pairing's partner-less cells."""
+        first = [c.model_dump() for c in self.pairings[0].learners]
+        if all([c.model_dump() for c in p.learners] == first for p in self.pairings):
+            return SOLO
+        return f"{pairing.name}-{SOLO}"
+
+    def partner_local_groups(self, role: ClientRole) -> int:
+        if role.local_groups is not None:
+            return role.local_groups
+        return max([1, *(a.external for a in self.arms or [])])
+
+
+# ---------------------------------------------------------------------------- cells
+
 
 def cells(cfg: ExperimentConfig) -> list[dict]:
-    """The matrix as a list of cells (dicts with pairing, mix, method, seed, name)."""
+    """The matrix as a list of cells.
+
+    Each cell is a dict: ``name`` (its folder), ``pairing`` (label: the pairing's name,
+    or ``solo``), ``source`` (the pairing it was built from), ``roles`` (``(k, ClientRole)``
+    pairs started, ``k`` the role's index in its pairing, which sets its seed), ``arm``
+    (:class:`Arm`), ``mix`` (``"I-J"``), ``method`` (the arm's name; the older form's
+    method, ``alone`` included), ``seed`` and ``legacy`` (built from methods × mixes).
+    """
     out = []
-    for pairing, mix, method, seed in itertools.product(cfg.pairings, cfg.mixes, cfg.methods,
-                                                        cfg.seeds):
-        name = f"{pairing.name}__{mix.label}__{method}__s{seed}"
-        out.append({"pairing": pairing, "mix": mix, "method": method, "seed": seed,
-                    "name": name})
+    if cfg.arms is None:
+        for pairing, mix, method, seed in itertools.product(cfg.pairings, cfg.mixes,
+                                                            cfg.methods, cfg.seeds):
+            alone = method == "alone"
+            arm = Arm(name=method, method="on_policy" if alone else method, local=mix.local,
+                      external=0 if alone else mix.external)
+            out.append({"name": f"{pairing.name}__{mix.label}__{method}__s{seed}",
+                        "pairing": pairing.name, "source": pairing.name,
+                        "roles": list(enumerate(pairing.clients)), "arm": arm,
+                        "mix": mix.label, "method": method, "seed": seed, "legacy": True})
+        return out
+    seen: set[str] = set()
+    for seed, pairing, arm in itertools.product(cfg.seeds, cfg.pairings, cfg.arms):
+        roles = [(k, r) for k, r in enumerate(pairing.clients)
+                 if arm.partners or r.role == "learner"]
+        label = pairing.name if arm.partners else cfg.solo_label(pairing)
+        name = f"{label}__{arm.name}__s{seed}"
+        if name in seen:
+            continue
+        seen.add(name)
+        out.append({"name": name, "pairing": label, "source": pairing.name, "roles": roles,
+                    "arm": arm, "mix": arm.mix, "method": arm.name, "seed": seed,
+                    "legacy": False})
     return out
 
 
-def _client_args(cfg: ExperimentConfig, cell: dict, role: ClientRole, k: int,
-                 eval_file: Path) -> list[str]:
-    mix, method = cell["mix"], cell["method"]
-    external = 0 if method == "alone" else mix.external
-    args = ["--model", role.model, "--peft", role.peft, "--rounds", str(cfg.rounds),
-            "--local-groups", str(mix.local), "--external-groups", str(external),
+def merge_args(base: list[str], override: list[str]) -> list[str]:
+    """``base + override`` without the ``base`` flags that ``override`` sets again.
+
+    A flag followed by a token that is not a flag is taken as ``--flag VALUE``;
+    ``--flag=VALUE`` is understood too.
+    """
+    def flags(args: list[str]) -> set[str]:
+        return {a.split("=", 1)[0] for a in args if a.startswith("--")}
+
+    again = flags(override)
+    kept: list[str] = []
+    i = 0
+    while i < len(base):
+        tok = base[i]
+        valued = (tok.startswith("--") and "=" not in tok and i + 1 < len(base)
+                  and not base[i + 1].startswith("--"))
+        width = 2 if valued else 1
+        if not (tok.startswith("--") and tok.split("=", 1)[0] in again):
+            kept += base[i:i + width]
+        i += width
+    return kept + list(override)
+
+
+def _base_args(cfg: ExperimentConfig, role: ClientRole, *, method: str, local: int,
+               external: int, rounds: int, seed: int, checkpoint_every: int) -> list[str]:
+    args = ["--model", role.model, "--peft", role.peft, "--rounds", str(rounds),
+            "--local-groups", str(local), "--external-groups", str(external),
             "--group-size", str(cfg.group_size), "--max-new-tokens", str(cfg.max_new_tokens),
-            "--temperature", str(cfg.temperature),
-            "--method", "on_policy" if method == "alone" else method,
-            "--seed", str(1000 * cell["seed"] + k), "--display-name", role.name,
-            "--checkpoint-every", str(cfg.rounds)]
+            "--temperature", str(cfg.temperature), "--method", method,
+            "--seed", str(seed), "--display-name", role.name,
+            "--checkpoint-every", str(checkpoint_every)]
     if role.learning_rate is not None:
         args += ["--learning-rate", str(role.learning_rate)]
-    if cfg.eval_every:
-        args += ["--eval-every", str(cfg.eval_every), "--eval-config", str(eval_file)]
-    return args + role.extra_args
+    return args
+
+
+def client_args(cfg: ExperimentConfig, cell: dict, role: ClientRole, k: int,
+                eval_file: Path) -> list[str]:
+    """``ftis-client start`` flags of ``role`` (index ``k`` in its pairing) in ``cell``.
+
+    Learners run the arm (method, I, J, the arm's args) and are evaluated; partners run
+    on_policy with J = 0 (and their pre-phase's rounds on top, when they have one).
+    Later flags override earlier ones: matrix < arm < role.
+    """
+    arm: Arm = cell["arm"]
+    seed = 1000 * cell["seed"] + k
+    if role.role == "learner":
+        args = _base_args(cfg, role, method=arm.method, local=arm.local,
+                          external=arm.external, rounds=cfg.rounds, seed=seed,
+                          checkpoint_every=cfg.rounds)
+        if cfg.eval_every:
+            args += ["--eval-every", str(cfg.eval_every), "--eval-config", str(eval_file)]
+        args = merge_args(args, arm.args)
+    else:
+        pre = role.pretrain.rounds if role.pretrain else 0
+        args = _base_args(cfg, role, method="on_policy",
+                          local=cfg.partner_local_groups(role), external=0,
+                          rounds=pre + cfg.rounds, seed=seed, checkpoint_every=cfg.rounds)
+    return merge_args(args, role.extra_args)
+
+
+_client_args = client_args  # the older name
+
+
+def coordinator_config(cfg: ExperimentConfig, seed: int,
+                       tasks: list[TaskSpec] | None = None) -> dict:
+    """The coordinator's ``--config`` for a cell (or a pre-phase, with its ``tasks``)."""
+    out: dict[str, Any] = {"tasks": [t.model_dump() for t in (tasks or cfg.tasks)],
+                           "task_seed": seed}
+    if tasks is None and cfg.heldout_fraction > 0:
+        out["heldout_fraction"] = cfg.heldout_fraction
+    return out
+
+
+class CellMismatchError(RuntimeError):
+    """A finished cell was run with other settings than the current config's."""
+
+
+def _spec(cdir: Path, coordinator: dict, clients: dict[str, list[str]],
+          extra: dict | None = None) -> dict:
+    here = str(cdir)
+    return json.loads(json.dumps({
+        "coordinator": coordinator,
+        "clients": {n: [a.replace(here, "{cell}") for a in args]
+                    for n, args in clients.items()},
+        **(extra or {})}))
+
+
+def _check_spec(cdir: Path, spec: dict, label: str) -> None:
+    path = cdir / "spec.json"
+    if not path.exists():  # finished before specs were written: trust it
+        return
+    old = json.loads(path.read_text())
+    if old != spec:
+        keys = sorted(k for k in set(old) | set(spec) if old.get(k) != spec.get(k))
+        raise CellMismatchError(
+            f"{label} in {cdir} was run with other settings ({', '.join(keys)} differ); "
+            "use another --out, or delete the folder to run it again")
+
+
+def _run_swarm(cfg: ExperimentConfig, cdir: Path, label: str, coordinator: dict,
+               specs: list[ClientSpec],
+               on_progress: Callable[[int], None] | None = None) -> None:
+    coord_cfg = cdir / "coordinator.json"
+    coord_cfg.write_text(json.dumps(coordinator))
+    swarm = launch(cdir, specs, threads_per_client=cfg.threads_per_client,
+                   coordinator_args=["--config", str(coord_cfg)])
+    try:
+        deadline = time.monotonic() + cfg.cell_timeout_min * 60
+        while any(p.poll() is None for p in swarm.clients.values()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{label} exceeded {cfg.cell_timeout_min} min")
+            if on_progress:
+                on_progress(min(len(read_metrics(cdir / s.name / "metrics.jsonl"))
+                                for s in specs))
+            time.sleep(2.0)
+        codes = {n: p.returncode for n, p in swarm.clients.items()}
+    finally:
+        swarm.stop()
+    if any(codes.values()):
+        raise RuntimeError(f"{label}: client exit codes {codes}; see {cdir / 'logs'}")
+
+
+def run_pretrain(cfg: ExperimentConfig, pairing: str, k: int, role: ClientRole, seed: int,
+                 out: Path) -> Path:
+    """Run (or reuse) ``role``'s pre-phase for ``seed``; returns its checkpoints folder."""
+    assert role.pretrain is not None
+    pdir = out / "pretrain" / f"{pairing}__{role.name}__s{seed}"
+    pre = role.pretrain
+    coordinator = coordinator_config(cfg, seed, pre.tasks)
+    args = merge_args(_base_args(cfg, role, method="on_policy",
+                                 local=cfg.partner_local_groups(role), external=0,
+                                 rounds=pre.rounds, seed=1000 * seed + k,
+                                 checkpoint_every=pre.rounds), role.extra_args)
+    spec = _spec(pdir, coordinator, {role.name: args})
+    label = f"pre-phase {pdir.name}"
+    if (pdir / "DONE").exists():
+        _check_spec(pdir, spec, label)
+    else:
+        shutil.rmtree(pdir, ignore_errors=True)
+        pdir.mkdir(parents=True)
+        (pdir / "spec.json").write_text(json.dumps(spec, indent=1))
+        _run_swarm(cfg, pdir, label, coordinator, [ClientSpec(role.name, args)])
+        (pdir / "DONE").write_text("ok\n")
+    return pdir / role.name / "checkpoints"
+
+
+def _link_checkpoint(src: Path, dst: Path) -> None:
+    """Put ``src``'s latest checkpoint into ``dst`` (hard links where possible)."""
+    name = (src / "latest").read_text().strip()
+
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src / name, dst / name, copy_function=link)
+    (dst / "latest").write_text(name)
 
 
 def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
              on_progress: Callable[[int], None] | None = None) -> list[dict]:
-    """Run one cell (skipped if ``DONE`` exists); returns its result rows."""
+    """Run one cell (skipped if ``DONE`` exists and its settings match); returns its
+    result rows."""
     cdir = out / "cells" / cell["name"]
-    if not (cdir / "DONE").exists():
-        import shutil
-
+    eval_file = cdir / "eval.json"
+    args = {role.name: client_args(cfg, cell, role, k, eval_file) for k, role in cell["roles"]}
+    coordinator = coordinator_config(cfg, cell["seed"])
+    pre = {role.name: role.pretrain.model_dump() for _, role in cell["roles"]
+           if role.role == "partner" and role.pretrain}
+    spec = _spec(cdir, coordinator, args,
+                 {"eval": cfg.eval.model_dump() if cfg.eval_every else None, "pretrain": pre})
+    label = f"cell {cell['name']}"
+    if (cdir / "DONE").exists():
+        _check_spec(cdir, spec, label)
+    else:
         shutil.rmtree(cdir, ignore_errors=True)
         cdir.mkdir(parents=True)
-        coord_cfg = cdir / "coordinator.json"
-        coord_cfg.write_text(json.dumps({"tasks": [t.model_dump() for t in cfg.tasks],
-                                         "task_seed": cell["seed"]}))
-        eval_file = cdir / "eval.json"
-        eval_file.write_text(cfg.eval.model_dump_json())
-        specs = [ClientSpec(role.name, _client_args(cfg, cell, role, k, eval_file))
-                 for k, role in enumerate(cell["pairing"].clients)]
-        swarm = launch(cdir, specs, threads_per_client=cfg.threads_per_client,
-                       coordinator_args=["--config", str(coord_cfg)])
-        try:
-            deadline = time.monotonic() + cfg.cell_timeout_min * 60
-            while any(p.poll() is None for p in swarm.clients.values()):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"cell {cell['name']} exceeded {cfg.cell_timeout_min} min")
-                if on_progress:
-                    on_progress(min(len(read_metrics(cdir / r.name / "metrics.jsonl"))
-                                    for r in cell["pairing"].clients))
-                time.sleep(2.0)
-            codes = {n: p.returncode for n, p in swarm.clients.items()}
-        finally:
-            swarm.stop()
-        if any(codes.values()):
-            raise RuntimeError(f"cell {cell['name']}: client exit codes {codes}; "
-                               f"see {cdir / 'logs'}")
-        for role in cell["pairing"].clients:  # weights + AdamW state: ~1.6 GB per 135M model
+        for k, role in cell["roles"]:
+            if role.role == "partner" and role.pretrain:
+                ckpt = run_pretrain(cfg, cell["source"], k, role, cell["seed"], out)
+                _link_checkpoint(ckpt, cdir / role.name / "checkpoints")
+        if cfg.eval_every:
+            eval_file.write_text(cfg.eval.model_dump_json())
+        (cdir / "spec.json").write_text(json.dumps(spec, indent=1))
+        specs = [ClientSpec(name, a) for name, a in args.items()]
+        _run_swarm(cfg, cdir, label, coordinator, specs, on_progress)
+        for _, role in cell["roles"]:  # weights + AdamW state: ~1.6 GB per 135M model
             shutil.rmtree(cdir / role.name / "checkpoints", ignore_errors=True)
         (cdir / "DONE").write_text("ok\n")
     rows = []
-    for role in cell["pairing"].clients:
+    for _, role in cell["roles"]:
         for rec in read_metrics(cdir / role.name / "metrics.jsonl"):
             rows.append(_row(cell, role, rec))
     return rows
 
 
+_KEEP = ("round", "reward_mean", "tokens_per_second", "is_weight_mean", "is_weight_max",
+         "is_weight_raw_max", "filtered_frac", "truncated_frac", "divergence_mean",
+         "external_is_weight_mean", "external_is_weight_max", "external_filtered_frac",
+         "external_is_weight_raw_max", "external_truncated_frac", "external_divergence_mean",
+         "external_groups_used", "external_cross_tokenizer_groups", "round_seconds",
+         "peak_rss_mb", "eval_heldout", "eval_ood", "eval_heldout_sampled",
+         "eval_ood_sampled", "gate_mean", "gate_max", "external_gate_mean",
+         "external_gate_max", "external_logratio_gen_mean")
+
+
+def _method(cell: dict, role: ClientRole) -> str:
+    """The method column: the older form's method name (``alone`` included), else the
+    method the client ran."""
+    if cell["legacy"]:
+        return cell["method"]
+    return cell["arm"].method if role.role == "learner" else "on_policy"
+
+
 def _row(cell: dict, role: ClientRole, rec: dict) -> dict:
-    keep = ("round", "reward_mean", "tokens_per_second", "is_weight_mean", "is_weight_max",
-            "filtered_frac", "external_is_weight_mean", "external_is_weight_max",
-            "external_filtered_frac", "external_is_weight_raw_max", "external_truncated_frac",
-            "external_divergence_mean", "external_groups_used", "round_seconds", "peak_rss_mb",
-            "eval_heldout", "eval_ood")
-    return {"cell": cell["name"], "pairing": cell["pairing"].name, "mix": cell["mix"].label,
-            "method": cell["method"], "seed": cell["seed"], "client": role.name,
-            **{k: rec[k] for k in keep if k in rec}}
+    keep = {k: rec[k] for k in _KEEP if k in rec}
+    # the gate's estimators (k1_mean, ...) under whatever names the learner logs them
+    keep.update({k: v for k, v in rec.items() if "k1" in k and isinstance(v, int | float)})
+    return {"cell": cell["name"], "pairing": cell["pairing"], "mix": cell["mix"],
+            "arm": cell["method"], "method": _method(cell, role), "role": role.role,
+            "seed": cell["seed"], "client": role.name, **keep}
 
 
 def read_evals(out: Path, cell: dict) -> list[dict]:
     rows = []
-    for role in cell["pairing"].clients:
+    for _, role in cell["roles"]:
         path = out / "cells" / cell["name"] / role.name / "eval.jsonl"
         if path.exists():
             for line in path.read_text().splitlines():
+                if not line.strip():
+                    continue
                 rec = json.loads(line)
                 rec.pop("method", None)  # the cell's method ("alone" runs as on_policy)
-                rows.append({**rec, "cell": cell["name"], "pairing": cell["pairing"].name,
-                             "mix": cell["mix"].label, "method": cell["method"],
+                rows.append({**rec, "cell": cell["name"], "pairing": cell["pairing"],
+                             "mix": cell["mix"], "arm": cell["method"],
+                             "method": _method(cell, role), "role": role.role,
                              "seed": cell["seed"], "client": role.name})
     return rows
 
@@ -220,12 +581,11 @@ def run_experiment(cfg: ExperimentConfig, out: Path) -> Path:
     return write_summary(cfg, rows, evals, out)
 
 
+# --------------------------------------------------------------------------- summary
+
+
 def mean_sd(values: list[float]) -> str:
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+    return report.mean_sd(values)
 
 
 def summarize(rows: list[dict], evals: list[dict]) -> list[dict]:
@@ -259,7 +619,99 @@ def summarize(rows: list[dict], evals: list[dict]) -> list[dict]:
     return table
 
 
+def analysis(cfg: ExperimentConfig, rows: list[dict], evals: list[dict]) -> dict[str, Any]:
+    """The arms analysis: ``arms``, ``contrasts`` and ``power`` markdown tables, plus the
+    contrast results (``results``) and the power line (``power_line``)."""
+    arms = {a.name: a for a in cfg.arms or []}
+    order = {a: i for i, a in enumerate(arms)}
+    learners = [r for r in rows if r.get("role", "learner") == "learner"]
+    ends = report.final_values([e for e in evals if e.get("role", "learner") == "learner"],
+                               cfg.primary_metric)
+    shares = report.gate_shares(learners)
+    rewards: dict[tuple, list[float]] = defaultdict(list)
+    by_seed: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in learners:
+        by_seed[(r["pairing"], r["arm"], r["client"])][r["seed"]].append(r["reward_mean"])
+    ext_used: dict[tuple, list[float]] = defaultdict(list)
+    for r in learners:
+        ext_used[(r["pairing"], r["arm"], r["client"])].append(
+            float(r.get("external_groups_used") or 0.0))
+    for key, seeds in by_seed.items():
+        rewards[key] = [statistics.mean(v) for v in seeds.values()]
+    pairing_order = {p.name: i for i, p in enumerate(cfg.pairings)}
+    keys = sorted(set(by_seed) | set(ends), key=lambda k: (
+        pairing_order.get(k[0], -1), order.get(k[1], 99), k[1], k[2]))
+    arm_rows = []
+    for key in keys:
+        a = arms.get(key[1])
+        arm_rows.append({"pairing": key[0], "arm": key[1],
+                         "method": a.method if a else key[1],
+                         "mix": a.mix if a else "", "client": key[2],
+                         "ends": ends.get(key, {}), "rewards": rewards.get(key, []),
+                         "ext_groups": (statistics.mean(ext_used[key]) if ext_used.get(key)
+                                        else None),
+                         "shares": shares.get(key)})
+    flagged = {(r["pairing"], r["arm"]) for r in arm_rows
+               if r["method"] in report.GATED_METHODS and report.gates_idle(r["shares"])}
+
+    def where(pairing: str, arm: str) -> str:
+        a = arms[arm]
+        return pairing if a.partners else cfg.solo_label(
+            next(p for p in cfg.pairings if p.name == pairing))
+
+    def values(label: str, arm: str, client: str, learners: list[str]) -> dict[int, float]:
+        if client == report.POOLED:
+            return report.pooled(ends, label, arm, learners)
+        return {s: v[1] for s, v in ends.get((label, arm, client), {}).items()}
+
+    items, seen = [], set()
+    for pairing in cfg.pairings:
+        names = [x.name for x in pairing.learners]
+        for c in cfg.contrast_list():
+            pa, pb = where(pairing.name, c.arm), where(pairing.name, c.baseline)
+            for client in [report.POOLED] if cfg.pool_clients else names:
+                if (pa, c.arm, pb, c.baseline, client) in seen:  # two partner-less arms
+                    continue
+                seen.add((pa, c.arm, pb, c.baseline, client))
+                notes = [f"gates idle in {arm}" for lab, arm in ((pa, c.arm), (pb, c.baseline))
+                         if (lab, arm) in flagged]
+                items.append({"pairing": pa if pa == pb else pairing.name,
+                              "client": client, "arm": c.arm,
+                              "baseline": c.baseline,
+                              "after": values(pa, c.arm, client, names),
+                              "before": values(pb, c.baseline, client, names),
+                              "note": "; ".join(notes)})
+    results = report.paired_contrasts(items)
+    family = cfg.power.family_size or max(len(items), 1)
+    power = report.power_rows(results, cfg.power.effect, cfg.power.power, cfg.power.alpha,
+                              family)
+    return {
+        "arms": report.arms_table(arm_rows, cfg.primary_metric),
+        "contrasts": report.contrasts_table(results, cfg.primary_metric),
+        "power": report.power_table(power, cfg.primary_metric, cfg.power.effect,
+                                    cfg.power.power, cfg.power.alpha, family),
+        "results": results,
+        "power_line": report.power_line(power, cfg.primary_metric, cfg.power.effect,
+                                        cfg.power.power, cfg.power.alpha, family),
+    }
+
+
 def write_summary(cfg: ExperimentConfig, rows: list[dict], evals: list[dict], out: Path) -> Path:
+    if cfg.arms is not None:
+        res = analysis(cfg, rows, evals)
+        lines = [f"# {cfg.name}", "",
+                 f"{cfg.rounds} rounds, seeds {cfg.seeds}, G = {cfg.group_size}, "
+                 f"max_new_tokens = {cfg.max_new_tokens}, temperature {cfg.temperature}; "
+                 f"primary metric `{cfg.primary_metric}` at the last evaluation.", "",
+                 "## Arms", "", res["arms"], "", "## Contrasts (seed-paired)", "",
+                 res["contrasts"], "", "## Power", "", res["power"], "",
+                 *[f"![{p.name}]({p.name})" for p in plot_curves(rows, out, by_mix=False)],
+                 ""]
+        path = out / "summary.md"
+        path.write_text("\n".join(lines))
+        (out / "summary.json").write_text(json.dumps(
+            {"contrasts": res["results"], "power": res["power_line"]}, indent=1))
+        return path
     table = summarize(rows, evals)
     lines = [f"# {cfg.name}", "",
              f"{cfg.rounds} rounds, seeds {cfg.seeds}, G = {cfg.group_size}, "
@@ -284,9 +736,9 @@ def write_summary(cfg: ExperimentConfig, rows: list[dict], evals: list[dict], ou
     return path
 
 
-def plot_curves(rows: list[dict], out: Path) -> list[Path]:
-    """One PNG per (pairing, mix): reward per round, one line per (method, client),
-    mean over seeds with a min–max band."""
+def plot_curves(rows: list[dict], out: Path, by_mix: bool = True) -> list[Path]:
+    """One PNG per (pairing, mix) (``by_mix`` false: per pairing): learners' reward per
+    round, one line per (arm, client), mean over seeds with a min–max band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -295,26 +747,28 @@ def plot_curves(rows: list[dict], out: Path) -> list[Path]:
     paths = []
     by_panel: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        by_panel[(r["pairing"], r["mix"])].append(r)
-    for (pairing, mix), prow in sorted(by_panel.items()):
+        if r.get("role", "learner") != "learner":
+            continue
+        by_panel[(r["pairing"], r["mix"]) if by_mix else (r["pairing"],)].append(r)
+    for panel, prow in sorted(by_panel.items()):
         fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
         lines: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         for r in prow:
-            lines[(r["method"], r["client"])][r["round"]].append(r["reward_mean"])
-        for (method, client), per_round in sorted(lines.items()):
+            lines[(r.get("arm", r["method"]), r["client"])][r["round"]].append(r["reward_mean"])
+        for (arm, client), per_round in sorted(lines.items()):
             xs = sorted(per_round)
             mean = [statistics.mean(per_round[x]) for x in xs]
-            (line,) = ax.plot(xs, mean, marker=".", label=f"{method} / {client}")
+            (line,) = ax.plot(xs, mean, marker=".", label=f"{arm} / {client}")
             ax.fill_between(xs, [min(per_round[x]) for x in xs],
                             [max(per_round[x]) for x in xs], alpha=0.12,
                             color=line.get_color())
         ax.set_xlabel("round")
         ax.set_ylabel("mean verified reward")
-        ax.set_title(f"{pairing}, I-J = {mix}")
+        ax.set_title(f"{panel[0]}, I-J = {panel[1]}" if by_mix else panel[0])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        path = out / f"curves_{pairing}_{mix}.png"
+        path = out / ("curves_" + "_".join(panel) + ".png")
         fig.savefig(path)
         plt.close(fig)
         paths.append(path)

@@ -1,59 +1,12 @@
-"""Rollout groups and their packing into right-padded training batches."""
+"""Samples (one completion with its advantage) and their packing into right-padded
+training batches. The groups they come from are
+:class:`ftis.client.rollout.groups.RolloutGroup`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-
-
-@dataclass
-class RolloutGroup:
-    """A vertical group: G completions of one prompt by one generator.
-
-    Attributes:
-        prompt_ids: prompt token ids the generator conditioned on.
-        completions: G lists of completion token ids.
-        gen_logprobs: G lists of sampler log-probs (nats), aligned with ``completions``.
-        rewards: G verified rewards.
-        local: True for the learner's own rollouts, False for external (relayed) ones.
-        sender: node id of the generator.
-        policy_version: the generator's step when sampling.
-        gen_sequence_logprobs: for a generator with another tokenizer (DESIGN.md section
-            6): G summed sampler log-probs (nats) of the generator's own tokens; the
-            ``completions`` are then the receiver's re-tokenization of the text and
-            ``gen_logprobs`` hold zeros (no per-token alignment exists).
-    """
-
-    prompt_ids: list[int]
-    completions: list[list[int]]
-    gen_logprobs: list[list[float]]
-    rewards: list[float]
-    local: bool
-    sender: str = ""
-    policy_version: int = 0
-    task_id: str = ""
-    meta: dict = field(default_factory=dict)
-    gen_sequence_logprobs: list[float] | None = None
-
-    def __post_init__(self) -> None:
-        n = len(self.completions)
-        if not (len(self.gen_logprobs) == len(self.rewards) == n) or n == 0:
-            raise ValueError("a group needs G >= 1 completions, log-prob rows and rewards")
-        for ids, lps in zip(self.completions, self.gen_logprobs, strict=True):
-            if len(ids) != len(lps):
-                raise ValueError("token ids and log-probs differ in length")
-        if self.gen_sequence_logprobs is not None and len(self.gen_sequence_logprobs) != n:
-            raise ValueError("a cross-tokenizer group needs one sequence log-prob per completion")
-
-    @property
-    def cross_tokenizer(self) -> bool:
-        """True when the generator's tokens do not align with the receiver's."""
-        return self.gen_sequence_logprobs is not None
-
-    @property
-    def reward_variance_zero(self) -> bool:
-        return max(self.rewards) == min(self.rewards)
 
 
 @dataclass
@@ -62,7 +15,8 @@ class Sample:
 
     prompt_ids: list[int]
     completion_ids: list[int]
-    gen_logprobs: list[float]
+    #: sampler log-probs aligned with ``completion_ids``; ``None`` for cross-tokenizer
+    gen_logprobs: list[float] | None
     advantage: float
     local: bool
     sender: str = ""
@@ -85,7 +39,8 @@ class PackedBatch:
         position_ids: ``[B, S]`` long, counting from each row's first real token.
         targets: ``[B, K]`` long, the completion tokens (``input_ids[:, P:]``).
         completion_mask: ``[B, K]`` bool, True on real completion tokens.
-        gen_logprobs: ``[B, K]`` float32 sampler log-probs, 0 on padding.
+        gen_logprobs: ``[B, K]`` float32 sampler log-probs, 0 on padding; ``None`` for a
+            cross-tokenizer batch (no per-token generator log-probs exist).
         advantages: ``[B]`` float32.
         logits_to_keep: ``K + 1``: logits of the last K + 1 positions; dropping the last
             one aligns ``logits[:, t]`` with ``targets[:, t]``.
@@ -98,7 +53,7 @@ class PackedBatch:
     position_ids: torch.Tensor
     targets: torch.Tensor
     completion_mask: torch.Tensor
-    gen_logprobs: torch.Tensor
+    gen_logprobs: torch.Tensor | None
     advantages: torch.Tensor
     logits_to_keep: int
     gen_sequence_logprobs: torch.Tensor | None = None
@@ -109,7 +64,13 @@ class PackedBatch:
 
 
 def pack(samples: list[Sample], pad_token_id: int) -> PackedBatch:
-    """Pack samples into a :class:`PackedBatch` (see its shapes)."""
+    """Pack samples into a :class:`PackedBatch` (see its shapes).
+
+    Raises:
+        ValueError: no samples, an empty prompt or completion, a batch mixing
+            cross-tokenizer and token-aligned samples, or a token-aligned sample whose
+            log-probs do not match its completion.
+    """
     if not samples:
         raise ValueError("cannot pack an empty list of samples")
     if any(not s.prompt_ids or not s.completion_ids for s in samples):
@@ -123,13 +84,16 @@ def pack(samples: list[Sample], pad_token_id: int) -> PackedBatch:
     input_ids = torch.full((b, p_max + k), pad_token_id, dtype=torch.long)
     attention = torch.zeros((b, p_max + k), dtype=torch.long)
     mask = torch.zeros((b, k), dtype=torch.bool)
-    lp_gen = torch.zeros((b, k), dtype=torch.float32)
+    lp_gen = None if cross == {True} else torch.zeros((b, k), dtype=torch.float32)
     for i, s in enumerate(samples):
         p, c = len(s.prompt_ids), len(s.completion_ids)
         input_ids[i, p_max - p : p_max + c] = torch.tensor(s.prompt_ids + s.completion_ids)
         attention[i, p_max - p : p_max + c] = 1
         mask[i, :c] = True
-        lp_gen[i, :c] = torch.tensor(s.gen_logprobs, dtype=torch.float32)
+        if lp_gen is not None:
+            if s.gen_logprobs is None or len(s.gen_logprobs) != c:
+                raise ValueError("a token-aligned sample needs one log-prob per token")
+            lp_gen[i, :c] = torch.tensor(s.gen_logprobs, dtype=torch.float32)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     seq_gen = (torch.tensor([s.gen_sequence_logprob for s in samples], dtype=torch.float32)

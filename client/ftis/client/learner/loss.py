@@ -1,8 +1,8 @@
 """The F-TIS learner objective as small pure functions on tensors.
 
 Nothing here does I/O or holds state: every function takes tensors and returns
-tensors, so the trainer composes them and the unit tests check them against
-hand-computed values.
+tensors (or a frozen :class:`LossOutput` of tensors), so the trainer composes them and
+the unit tests check them against hand-computed values.
 
 Notation (DESIGN.md section 4). For completion ``i`` of a prompt and its token ``t``:
 
@@ -11,6 +11,8 @@ Notation (DESIGN.md section 4). For completion ``i`` of a prompt and its token `
 * ``lp_gen``   -- the generator's sampler log-prob, shipped in the rollout bundle.
 
 All log-probs are natural-log (nats) and are computed at the sampler's temperature.
+``r = exp(lp_old - lp_gen)`` is the learner-over-generator probability ratio of a
+sampled token.
 
 Sources cited in the docstrings:
 
@@ -22,11 +24,19 @@ Sources cited in the docstrings:
 * TIS: Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
   training" (truncated importance sampling, weight min(pi_learner / pi_sampler, C)).
 * PPO: Schulman et al., arXiv 1707.06347 (clipped surrogate).
-* k3 estimator: J. Schulman, "Approximating KL divergence" (2020 note).
+* k1 / k3 estimators: J. Schulman, "Approximating KL divergence" (2020 note).
+* OPSM: DeepSeek-AI, "DeepSeek-V3.2" (2025), off-policy sequence masking: a completion
+  with negative advantage is masked when the mean over its tokens of
+  ``log pi_sampler - log pi_theta`` (the k1 mean) exceeds delta; implemented in TRL as
+  ``GRPOConfig.off_policy_mask_threshold`` / ``GRPOTrainer.get_off_policy_mask`` (TRL
+  docs, "Paper index", DeepSeek-V3.2 section, where delta = 1.0 is described as an
+  average of 1 nat per token).
+* GSPO: Zheng et al., arXiv 2507.18071 (sequence-level ratio, length-normalised, eq. 7).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
@@ -35,9 +45,17 @@ from torch import Tensor
 
 __all__ = [
     "AGGREGATIONS",
+    "DEFAULT_DIVERGENCE",
+    "DEFAULT_FILTER_THRESHOLD",
     "DIVERGENCES",
     "METHODS",
+    "PER_TOKEN_DIVERGENCES",
+    "SUMMED_DIVERGENCES",
+    "CompletionStats",
     "LossConfig",
+    "LossOutput",
+    "Reduction",
+    "Stat",
     "completion_logprobs",
     "ftis_filter",
     "group_advantages",
@@ -60,15 +78,45 @@ METHODS: tuple[str, ...] = ("on_policy", "nois", "vis", "tis", "ftis")
 * ``ftis``      -- TIS weights plus the F-TIS advantage filter (:func:`ftis_filter`).
 """
 
-DIVERGENCES: tuple[str, ...] = ("kl_learner_gen", "kl_gen_learner")
-"""Sample-based per-completion divergence estimators (see :func:`sequence_divergence`).
+PER_TOKEN_DIVERGENCES: tuple[str, ...] = ("k1_mean", "k3_mean")
+"""Gate statistics in **nats per token** (a mean over the completion's tokens), so their
+threshold does not depend on the completion's length (see :func:`sequence_divergence`).
 
-* ``kl_learner_gen`` -- estimates KL(pi_learner || pi_gen), the direction written in the
-  F-TIS filter D_KL(pi_theta || pi_theta_gen); per-token term r*log(r) - r + 1.
-* ``kl_gen_learner`` -- estimates KL(pi_gen || pi_learner) with Schulman's k3;
-  per-token term (r - 1) - log(r).
+* ``k1_mean`` -- mean of k1 = lp_gen - lp_old = -log r (DeepSeek-V3.2 OPSM, TRL's
+  ``off_policy_mask_threshold``). Grows without bound as pi_theta / pi_gen -> 0 and is
+  negative where the learner prefers the tokens.
+* ``k3_mean`` -- mean of Schulman's k3 of KL(pi_gen || pi_theta), (r - 1) - log r >= 0.
+  Grows as r -> 0 (like -log r) **and** as r -> inf (like r).
+"""
 
-In both, r = exp(lp_old - lp_gen) and the tokens are samples from the generator.
+SUMMED_DIVERGENCES: tuple[str, ...] = ("kl_learner_gen", "kl_gen_learner")
+"""Legacy statistics in **nats per sequence** (summed over tokens; threshold g, paper 50).
+
+* ``kl_learner_gen`` -- per-token r log r - r + 1, estimates KL(pi_learner || pi_gen),
+  the direction written in the F-TIS filter. Bounded by 1 nat/token as r -> 0, so it
+  keeps exactly the negatives the learner finds most unlikely: the wrong gate.
+* ``kl_gen_learner`` -- per-token k3, (r - 1) - log r, estimates KL(pi_gen || pi_learner).
+"""
+
+DIVERGENCES: tuple[str, ...] = PER_TOKEN_DIVERGENCES + SUMMED_DIVERGENCES
+"""Every accepted ``LossConfig.divergence`` (the F-TIS gate statistic)."""
+
+DEFAULT_DIVERGENCE = "k1_mean"
+"""Default gate statistic (DESIGN.md section 4: per-token mean, grows as r -> 0)."""
+
+DEFAULT_FILTER_THRESHOLD = 1.0
+"""Default gate threshold delta, in nats per token, for the per-token statistics.
+
+Reasoning. ``k1_mean >= 1`` means the learner gives the completion's tokens, on
+geometric average, at most 1/e ~ 0.37 of the generator's probability. The learner's own
+samples have k1 mean 0; same-base partners measured in docs/results.md (full vs LoRA:
+~0.005 nat/token; 4-bit NF4 vs float32: ~0.06-0.4 nat/token, from the legacy summed D
+over 32 tokens) are well below 1, so they are never gated; a negative sample with
+log r = -3 on every token (k1 mean 3: the learner would produce each token with ~5% of
+the generator's probability) is gated at every length. TRL
+suggests starting at delta = 0.5 for within-run staleness; collaborative partners are
+more diverse by design, hence the looser 1.0. The legacy summed statistics need their
+own threshold (the paper's g = 50 summed nats) set explicitly.
 """
 
 AGGREGATIONS: tuple[str, ...] = ("token", "sequence")
@@ -77,6 +125,85 @@ AGGREGATIONS: tuple[str, ...] = ("token", "sequence")
 # Log-ratios are clamped to [-_MAX_LOG_RATIO, _MAX_LOG_RATIO] before exp so that no
 # weight, ratio or divergence term overflows to inf (exp(20) ~ 4.85e8).
 _MAX_LOG_RATIO = 20.0
+
+
+class Reduction(enum.Enum):
+    """How a per-micro-batch statistic combines over micro-batches (declared with it).
+
+    * ``TOKEN_MEAN`` -- a mean over completion tokens: combine weighted by token counts;
+    * ``SEQ_MEAN``   -- a mean over completions: combine weighted by completion counts;
+    * ``MAX``        -- a maximum: combine by ``max``.
+    """
+
+    TOKEN_MEAN = "token_mean"
+    SEQ_MEAN = "seq_mean"
+    MAX = "max"
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One scalar statistic of a loss call and its reduction across micro-batches.
+
+    Attributes:
+        value: detached 0-d floating tensor (the loss's dtype).
+        reduction: a :class:`Reduction`.
+    """
+
+    value: Tensor
+    reduction: Reduction
+
+
+@dataclass(frozen=True)
+class CompletionStats:
+    """Per-completion statistics of one loss call; every field is a detached ``[B]``.
+
+    Attributes:
+        filtered: bool, True where the F-TIS filter zeroed the advantage (``ftis`` only).
+        gated: bool, True where the gate would filter (``A < 0`` and ``gate >=``
+            threshold) whatever the method: it describes the sample (receiver feedback);
+            equal to ``filtered`` under ``ftis``.
+        gate: float, the configured gate statistic (``LossConfig.divergence``): nats per
+            token for ``k1_mean``/``k3_mean``, summed nats for the legacy estimators.
+        k1_mean: float, mean over the completion's tokens of ``lp_gen - lp_old`` (nats
+            per token); cross-tokenizer: ``(S_gen - S_old) / n``. 0 for an empty row.
+        divergence: float, legacy summed ``kl_learner_gen`` D (nats), always computed.
+        tokens: int64, completion tokens (mask count; the learner's tokens).
+        truncated_tokens: int64, tokens whose raw weight ``exp(lp_old - lp_gen)`` (the
+            sequence weight, broadcast, for cross-tokenizer) exceeds C, counted for every
+            method: it describes the sample (receiver feedback), not the update.
+        log_ratio_sum: float, sum over tokens of ``lp_old - lp_gen`` (nats);
+            cross-tokenizer: ``S_old - S_gen``.
+    """
+
+    filtered: Tensor
+    gated: Tensor
+    gate: Tensor
+    k1_mean: Tensor
+    divergence: Tensor
+    tokens: Tensor
+    truncated_tokens: Tensor
+    log_ratio_sum: Tensor
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """What :func:`policy_loss` and :func:`sequence_level_policy_loss` return.
+
+    Attributes:
+        loss: scalar loss to minimise (with grad through ``lp_theta``).
+        stats: name -> :class:`Stat`, scalar statistics of the micro-batch, each with the
+            reduction that combines it over micro-batches (see :func:`policy_loss`).
+        per_completion: :class:`CompletionStats`.
+    """
+
+    loss: Tensor
+    stats: dict[str, Stat]
+    per_completion: CompletionStats
+
+    @property
+    def values(self) -> dict[str, Tensor]:
+        """``stats`` without the reductions: name -> 0-d tensor."""
+        return {k: s.value for k, s in self.stats.items()}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -318,77 +445,109 @@ def _method_weight(log_ratio: Tensor, method: str, truncation: float) -> Tensor:
 # ------------------------------------------------------------------------ divergence
 
 
+def _divergence_terms(log_r: Tensor, estimator: str) -> Tensor:
+    """Per-token term of ``estimator`` from ``log r = lp_old - lp_gen`` (no masking).
+
+    ``k1_mean``: ``-log r`` (not clamped). ``k3_mean``/``kl_gen_learner``:
+    ``(r - 1) - log r`` with ``r = exp(min(log r, 20))``; only the exponential is
+    clamped (against overflow), so the term keeps growing like ``-log r`` as r -> 0.
+    ``kl_learner_gen``: ``r log r - r + 1`` with ``log r`` clamped to ``[-20, 20]`` (its
+    value tends to 1 as r -> 0 anyway). Rounding negatives of k3 / kl are clamped to 0.
+    """
+    if estimator == "k1_mean":
+        return -log_r
+    if estimator in ("k3_mean", "kl_gen_learner"):
+        r = torch.exp(log_r.clamp(max=_MAX_LOG_RATIO))
+        return ((r - 1.0) - log_r).clamp(min=0.0)
+    clamped = log_r.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    r = torch.exp(clamped)
+    return (r * clamped - r + 1.0).clamp(min=0.0)
+
+
+def _check_divergence(estimator: str) -> None:
+    if estimator not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {estimator!r}; expected one of {DIVERGENCES}")
+
+
 def sequence_divergence(
-    lp_old: Tensor, lp_gen: Tensor, mask: Tensor, estimator: str = "kl_learner_gen"
+    lp_old: Tensor, lp_gen: Tensor, mask: Tensor, estimator: str = DEFAULT_DIVERGENCE
 ) -> Tensor:
-    """Per-completion learner-generator divergence ``D_i`` for the F-TIS filter.
+    """Per-completion learner-generator divergence statistic ``D_i`` (the F-TIS gate).
 
     The generator ships only the sampled tokens' log-probs, so ``D_i`` is estimated from
-    those samples (tokens drawn from pi_gen). With ``r_t = exp(lp_old_t - lp_gen_t)``
+    those samples (tokens drawn from pi_gen). With ``log r_t = lp_old_t - lp_gen_t``
     (learner over generator probability of the sampled token):
 
-    * ``kl_learner_gen``: per-token ``r log r - r + 1`` (>= 0). Under the generator,
-      ``E[r log r] = KL(pi_learner || pi_gen)`` and ``E[r - 1] = 0``, so each term is
-      an unbiased, non-negative estimate of the per-token KL(pi_learner || pi_gen) --
-      the direction ``D_KL(pi_theta || pi_theta_gen)`` of the F-TIS filter (blog eq. for
-      the filtered advantage; F-TIS §3).
-    * ``kl_gen_learner``: Schulman's k3, ``(r - 1) - log r`` (>= 0), an unbiased,
-      non-negative estimate of the per-token KL(pi_gen || pi_learner).
+    Per-token statistics (nats per token; mean over the completion's tokens, so a
+    threshold does not depend on the completion's length -- DESIGN.md section 4):
 
-    ``D_i`` is the **sum** over completion tokens (mask != 0) of the per-token term, in
-    nats: a sequence-level quantity, i.e. the summed per-token conditional KLs along
-    the generator's prefix -- the scale on which the paper's ``g = 50`` is meaningful.
+    * ``k1_mean``: mean of k1 = ``-log r_t = lp_gen - lp_old``. Its expectation under
+      the generator is KL(pi_gen || pi_learner) per token (Schulman's k1); it is the
+      statistic of DeepSeek-V3.2's off-policy sequence mask (TRL
+      ``off_policy_mask_threshold``). Unbounded as pi_learner / pi_gen -> 0; a single
+      sample can be negative (the learner prefers the completion).
+    * ``k3_mean``: mean of Schulman's k3 of KL(pi_gen || pi_learner), ``(r - 1) - log r``
+      (>= 0, unbiased). Grows like ``-log r`` as r -> 0 and like ``r`` as r -> inf, so
+      it also gates tokens the learner prefers much more than the generator.
+
+    Legacy summed statistics (nats per sequence; the scale of the paper's g = 50):
+
+    * ``kl_learner_gen``: sum of ``r log r - r + 1`` (>= 0), an unbiased estimate of
+      the summed per-token KL(pi_learner || pi_gen) -- the direction written in the
+      F-TIS filter. Bounded by 1 nat per token as r -> 0 and growing like ``r log r``
+      as r -> inf: it keeps the very negatives the learner finds unlikely and drops the
+      ones it likes, and a fixed g in summed nats depends on length.
+    * ``kl_gen_learner``: sum of k3.
+
     ``lp_old`` (no grad) is used rather than ``lp_theta`` so the filter decision is
-    fixed for the whole optimisation step. The log-ratio is clamped to ``[-20, 20]``
-    before ``exp``; masked tokens never contribute (even if they hold inf/NaN).
+    fixed for the whole optimisation step. Only ``exp`` arguments are clamped (to
+    ``<= 20``, and ``>= -20`` for ``kl_learner_gen``); masked tokens never contribute
+    (even if they hold inf/NaN). A completion with no tokens gets 0.
 
     Args:
         lp_old: ``[B, T]`` learner log-probs at the start of the step.
         lp_gen: ``[B, T]`` generator log-probs.
         mask: ``[B, T]`` bool or numeric; non-zero marks a completion token.
-        estimator: one of :data:`DIVERGENCES`.
+        estimator: one of :data:`DIVERGENCES` (default :data:`DEFAULT_DIVERGENCE`).
 
     Returns:
-        ``[B]`` detached, non-negative divergences (nats), float32 (float64 for float64
-        inputs).
+        ``[B]`` detached statistics, float32 (float64 for float64 inputs): nats per token
+        for :data:`PER_TOKEN_DIVERGENCES`, nats for :data:`SUMMED_DIVERGENCES`. All but
+        ``k1_mean`` are >= 0.
 
     Raises:
         ValueError: on an unknown estimator or shape mismatch.
     """
-    if estimator not in DIVERGENCES:
-        raise ValueError(f"unknown divergence {estimator!r}; expected one of {DIVERGENCES}")
+    _check_divergence(estimator)
     _check_same_shape(2, lp_old=lp_old, lp_gen=lp_gen, mask=mask)
     dtype = _float_dtype(lp_old, lp_gen)
     m = mask != 0
     zero = torch.zeros((), dtype=dtype, device=lp_old.device)
     log_r = torch.where(m, lp_old.detach().to(dtype) - lp_gen.detach().to(dtype), zero)
-    log_r = log_r.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    r = torch.exp(log_r)
-    if estimator == "kl_learner_gen":
-        per_token = r * log_r - r + 1.0
-    else:
-        per_token = (r - 1.0) - log_r
-    # Rounding can leave tiny negatives near r = 1; the exact terms are >= 0.
-    per_token = torch.where(m, per_token.clamp(min=0.0), zero)
-    return per_token.sum(dim=-1)
+    total = torch.where(m, _divergence_terms(log_r, estimator), zero).sum(dim=-1)
+    if estimator in PER_TOKEN_DIVERGENCES:
+        return total / m.sum(dim=-1).clamp(min=1).to(dtype)
+    return total
 
 
 def ftis_filter(
-    advantages: Tensor, divergence: Tensor, threshold: float = 50.0
+    advantages: Tensor, divergence: Tensor, threshold: float = DEFAULT_FILTER_THRESHOLD
 ) -> tuple[Tensor, Tensor]:
     """The F-TIS advantage filter (F-TIS §3; blog eq. for the filtered advantage).
 
     ``A_i`` is kept if ``A_i >= 0`` or ``D_i < g``, and set to 0 otherwise, i.e. a
-    completion is dropped exactly when its advantage is negative **and** it is far from
-    the learner (``D_i >= g``): a negative sample the learner would hardly produce
-    mostly pushes it away from behaviour it does not have. (The blog keeps ``A > 0``;
-    zeroing an ``A = 0`` completion is a no-op, so only ``A < 0`` is reported as
-    filtered.) A NaN divergence counts as far (conservative).
+    completion is dropped exactly when its advantage is negative **and** the learner
+    finds it unlikely (``D_i >= g``): pushing down what the learner would not produce
+    anyway mostly distorts it (DESIGN.md section 4; DeepSeek-V3.2's OPSM masks the same
+    set with ``>``). (The blog keeps ``A > 0``; zeroing an ``A = 0`` completion is a
+    no-op, so only ``A < 0`` is reported as filtered.) A NaN divergence counts as far
+    (conservative).
 
     Args:
         advantages: ``[B]`` per-completion advantages.
-        divergence: ``[B]`` per-completion divergences, e.g. :func:`sequence_divergence`.
-        threshold: g, ``> 0`` (``math.inf`` disables the filter).
+        divergence: ``[B]`` per-completion statistics, e.g. :func:`sequence_divergence`.
+        threshold: g (or delta), ``> 0``, in the statistic's unit (``math.inf`` disables
+            the filter); default :data:`DEFAULT_FILTER_THRESHOLD` (nats per token).
 
     Returns:
         ``(filtered_advantages, filtered)``: ``[B]`` advantages (input dtype, detached)
@@ -416,9 +575,11 @@ class LossConfig:
     Attributes:
         method: one of :data:`METHODS` (default ``ftis``).
         truncation: TIS cap C > 0 (paper: 2.0).
-        filter_threshold: F-TIS divergence threshold g > 0 in summed nats (paper: 50).
-        divergence: one of :data:`DIVERGENCES` (default ``kl_learner_gen``, the paper's
-            direction).
+        filter_threshold: F-TIS gate threshold > 0 in the unit of ``divergence``: delta
+            in nats per token for ``k1_mean``/``k3_mean`` (default
+            :data:`DEFAULT_FILTER_THRESHOLD` = 1.0), g in summed nats for the legacy
+            ``kl_learner_gen``/``kl_gen_learner`` (the paper's g = 50; set it explicitly).
+        divergence: gate statistic, one of :data:`DIVERGENCES` (default ``k1_mean``).
         clip_eps_low: PPO lower clip, ``0 <= eps_low < 1`` (paper: 0.2).
         clip_eps_high: PPO upper clip, ``>= 0`` (paper: 0.2; DAPO clip-higher if larger).
         aggregation: ``token`` (DAPO, default) or ``sequence`` (GRPO).
@@ -431,8 +592,8 @@ class LossConfig:
 
     method: str = "ftis"
     truncation: float = 2.0
-    filter_threshold: float = 50.0
-    divergence: str = "kl_learner_gen"
+    filter_threshold: float = DEFAULT_FILTER_THRESHOLD
+    divergence: str = DEFAULT_DIVERGENCE
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     aggregation: str = "token"
@@ -444,10 +605,7 @@ class LossConfig:
         g = self.filter_threshold
         if not isinstance(g, (int, float)) or math.isnan(g) or g <= 0:
             raise ValueError(f"filter_threshold g must be > 0, got {g!r}")
-        if self.divergence not in DIVERGENCES:
-            raise ValueError(
-                f"unknown divergence {self.divergence!r}; expected one of {DIVERGENCES}"
-            )
+        _check_divergence(self.divergence)
         lo, hi = self.clip_eps_low, self.clip_eps_high
         if not (isinstance(lo, (int, float)) and math.isfinite(lo) and 0 <= lo < 1):
             raise ValueError(f"clip_eps_low must be in [0, 1), got {lo!r}")
@@ -460,6 +618,16 @@ class LossConfig:
         _check_temperature(self.temperature)
 
 
+@dataclass(frozen=True)
+class _Gate:
+    """Per-completion ``[B]`` divergence statistics handed to the shared tail."""
+
+    gate: Tensor
+    k1_mean: Tensor
+    divergence: Tensor
+    log_ratio_sum: Tensor
+
+
 def policy_loss(
     lp_theta: Tensor,
     lp_old: Tensor,
@@ -467,7 +635,7 @@ def policy_loss(
     advantages: Tensor,
     mask: Tensor,
     config: LossConfig,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """The (F-)TIS-weighted clipped GRPO surrogate loss (to minimise).
 
     Per completion token (GRPO eq. 3 / PPO with an off-policy weight, F-TIS §3)::
@@ -477,9 +645,10 @@ def policy_loss(
         loss_t = -w_t * surr,   w = importance_weights(lp_old, lp_gen, method, C)  (no grad)
 
     For ``ftis`` the advantages are first filtered:
-    ``A = ftis_filter(A, sequence_divergence(lp_old, lp_gen, mask, divergence), g)``.
-    ``on_policy`` uses ``w = 1``: the caller passes only the learner's local rollouts
-    (the method's definition); ``nois`` also uses ``w = 1`` but on all rollouts.
+    ``A = ftis_filter(A, sequence_divergence(lp_old, lp_gen, mask, divergence), threshold)``
+    (default: k1 mean >= 1 nat/token and A < 0). ``on_policy`` uses ``w = 1``: the caller
+    passes only the learner's local rollouts (the method's definition); ``nois`` also
+    uses ``w = 1`` but on all rollouts.
 
     Aggregation:
 
@@ -505,22 +674,26 @@ def policy_loss(
         config: :class:`LossConfig`.
 
     Returns:
-        ``(loss, stats)``: a scalar loss in ``lp_theta``'s dtype (at least float32) and a
-        dict of detached scalar float tensors:
+        :class:`LossOutput`: ``loss``, a scalar in ``lp_theta``'s dtype (at least
+        float32); ``per_completion`` (:class:`CompletionStats`); and ``stats``, detached
+        scalars, each declared with its :class:`Reduction` (empty means and maxima 0):
 
-        * ``is_weight_mean`` / ``is_weight_max``: w over completion tokens, after
-          truncation (1 for on_policy/nois);
-        * ``is_weight_raw_max``: max of exp(lp_old - lp_gen) before truncation;
-        * ``truncated_frac``: share of completion tokens whose raw weight exceeds C
+        * ``is_weight_mean`` (token mean) / ``is_weight_max`` (max): w over completion
+          tokens, after truncation (1 for on_policy/nois);
+        * ``is_weight_raw_max`` (max): max of exp(lp_old - lp_gen) before truncation;
+        * ``truncated_frac`` (token mean): share of tokens whose raw weight exceeds C
           (tis/ftis; 0 otherwise);
-        * ``filtered_frac``: share of the B completions zeroed by the filter (ftis only);
-        * ``divergence_mean``: mean over completions of ``D_i`` (computed for every
-          method, for monitoring);
-        * ``clip_frac``: share of completion tokens where the clipped branch is active
+        * ``filtered_frac`` (sequence mean): share of the B completions zeroed by the
+          filter (ftis only);
+        * ``divergence_mean`` (sequence mean): mean of the legacy summed
+          ``kl_learner_gen`` D_i (nats), whatever the gate;
+        * ``k1_mean`` (sequence mean): mean over completions of their k1 means (nats per
+          token), whatever the gate;
+        * ``gate_mean`` (sequence mean) / ``gate_max`` (max): the configured gate
+          statistic over completions (computed for every method);
+        * ``clip_frac`` (token mean): share of tokens where the clipped branch is active
           (rho < 1 - eps_low with A < 0, or rho > 1 + eps_high with A > 0);
-        * ``logratio_gen_mean``: mean of lp_old - lp_gen over completion tokens.
-
-        Empty-mask means and maxima are 0.
+        * ``logratio_gen_mean`` (token mean): mean of lp_old - lp_gen over tokens.
 
     Raises:
         TypeError: if ``config`` is not a :class:`LossConfig` or an input not a tensor.
@@ -543,12 +716,15 @@ def policy_loss(
     adv = advantages.detach().to(dtype)
 
     method = config.method
-    w = importance_weights(old, gen, method, config.truncation)
-    raw_w = importance_weights(old, gen, "vis", config.truncation)
-    divergence = sequence_divergence(old, gen, m, config.divergence)
-    truncated = raw_w > config.truncation if method in ("tis", "ftis") else torch.zeros_like(m)
-    return _weighted_surrogate(theta, old, w, raw_w, truncated, old - gen, divergence, adv, m,
-                               config)
+    log_r = old - gen
+    w = _method_weight(log_r, method, config.truncation)
+    raw_w = _method_weight(log_r, "vis", config.truncation)
+    over_cap = (raw_w > config.truncation) & m
+    stat = {name: sequence_divergence(old, gen, m, name)
+            for name in {config.divergence, "k1_mean", "kl_learner_gen"}}
+    gate = _Gate(stat[config.divergence], stat["k1_mean"], stat["kl_learner_gen"],
+                 log_r.sum(dim=-1))
+    return _weighted_surrogate(theta, old, w, raw_w, over_cap, log_r, gate, adv, m, config)
 
 
 def _weighted_surrogate(
@@ -556,22 +732,26 @@ def _weighted_surrogate(
     old: Tensor,
     w: Tensor,
     raw_w: Tensor,
-    truncated: Tensor,
+    over_cap: Tensor,
     log_ratio_gen: Tensor,
-    divergence: Tensor,
+    gate: _Gate,
     adv: Tensor,
     m: Tensor,
     config: LossConfig,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """Shared tail of the token- and sequence-level losses: F-TIS filter, clipped
     surrogate weighted by ``w``, aggregation and statistics (inputs already sanitised;
-    ``w``/``raw_w``/``truncated``/``log_ratio_gen`` are ``[B, T]``, per token)."""
+    ``w``/``raw_w``/``over_cap``/``log_ratio_gen`` are ``[B, T]``, per token, with
+    ``over_cap`` the completion tokens whose raw weight exceeds C; ``gate`` holds ``[B]``
+    per-completion statistics)."""
     dtype = theta.dtype
     zero = torch.zeros((), dtype=dtype, device=theta.device)
+    truncated = over_cap if config.method in ("tis", "ftis") else torch.zeros_like(over_cap)
+    gated_adv, gated = ftis_filter(adv, gate.gate, config.filter_threshold)
     if config.method == "ftis":
-        adv, filtered = ftis_filter(adv, divergence, config.filter_threshold)
+        adv, filtered = gated_adv, gated
     else:
-        filtered = torch.zeros_like(m[:, 0])
+        filtered = torch.zeros_like(gated)
 
     log_rho = (theta - old).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     rho = torch.exp(log_rho)
@@ -581,10 +761,10 @@ def _weighted_surrogate(
     per_token = torch.where(m, -w * surrogate, zero)
 
     n_tokens = m.sum()
+    lengths = m.sum(dim=-1)
     if config.aggregation == "token":
         loss = per_token.sum() / n_tokens.clamp(min=1).to(dtype)
     else:
-        lengths = m.sum(dim=-1)
         per_seq = per_token.sum(dim=-1) / lengths.clamp(min=1).to(dtype)
         loss = per_seq.sum() / (lengths > 0).sum().clamp(min=1).to(dtype)
 
@@ -592,18 +772,33 @@ def _weighted_surrogate(
         r = rho.detach()
         clipped = ((r < lo) & (a_tok < 0)) | ((r > hi) & (a_tok > 0))
         n_seq = max(m.shape[0], 1)
+        tok, seq, mx = Reduction.TOKEN_MEAN, Reduction.SEQ_MEAN, Reduction.MAX
+        # Each statistic is declared here, once, with its reduction over micro-batches.
         stats = {
-            "is_weight_mean": _masked_mean(w, m),
-            "is_weight_max": _masked_max(w, m),
-            "is_weight_raw_max": _masked_max(raw_w, m),
-            "truncated_frac": _masked_mean(truncated.to(dtype), m),
-            "filtered_frac": filtered.to(dtype).sum() / n_seq,
-            "divergence_mean": divergence.sum() / n_seq,
-            "clip_frac": _masked_mean(clipped.to(dtype), m),
-            "logratio_gen_mean": _masked_mean(log_ratio_gen, m),
+            "is_weight_mean": Stat(_masked_mean(w, m), tok),
+            "is_weight_max": Stat(_masked_max(w, m), mx),
+            "is_weight_raw_max": Stat(_masked_max(raw_w, m), mx),
+            "truncated_frac": Stat(_masked_mean(truncated.to(dtype), m), tok),
+            "filtered_frac": Stat(filtered.to(dtype).sum() / n_seq, seq),
+            "divergence_mean": Stat(gate.divergence.to(dtype).sum() / n_seq, seq),
+            "k1_mean": Stat(gate.k1_mean.to(dtype).sum() / n_seq, seq),
+            "gate_mean": Stat(gate.gate.to(dtype).sum() / n_seq, seq),
+            "gate_max": Stat(_masked_max(gate.gate.to(dtype), lengths > 0), mx),
+            "clip_frac": Stat(_masked_mean(clipped.to(dtype), m), tok),
+            "logratio_gen_mean": Stat(_masked_mean(log_ratio_gen, m), tok),
         }
-    stats = {k: v.detach().to(dtype) for k, v in stats.items()}
-    return loss, stats
+        stats = {k: Stat(s.value.detach().to(dtype), s.reduction) for k, s in stats.items()}
+        per_completion = CompletionStats(
+            filtered=filtered.detach(),
+            gated=gated.detach(),
+            gate=gate.gate.detach(),
+            k1_mean=gate.k1_mean.detach(),
+            divergence=gate.divergence.detach(),
+            tokens=lengths.to(torch.int64),
+            truncated_tokens=(over_cap & m).sum(dim=-1).to(torch.int64),
+            log_ratio_sum=gate.log_ratio_sum.detach(),
+        )
+    return LossOutput(loss, stats, per_completion)
 
 
 # ------------------------------------------------------- cross-tokenizer (sequence level)
@@ -664,40 +859,62 @@ def sequence_importance_weights(
 
 
 def sequence_level_divergence(
-    seq_lp_old: Tensor, seq_lp_gen: Tensor, estimator: str = "kl_learner_gen"
+    seq_lp_old: Tensor,
+    seq_lp_gen: Tensor,
+    estimator: str = DEFAULT_DIVERGENCE,
+    lengths: Tensor | None = None,
 ) -> Tensor:
-    """Per-completion divergence for the F-TIS filter when tokens do not align.
+    """Per-completion gate statistic when tokens do not align (DESIGN.md section 6).
 
-    The estimators of :func:`sequence_divergence` applied once to the whole sequence,
-    with ``R = exp(S_old - S_gen)`` (the sequence ratio of the completion, a sample of
-    the generator): ``kl_learner_gen``: ``R log R - R + 1``; ``kl_gen_learner``:
-    ``(R - 1) - log R``. Both are non-negative, unbiased single-sample estimates of the
-    KL between the two models' distributions over completion texts, which by the chain
-    rule equals the summed per-token conditional KLs -- the same scale (nats per
-    sequence) as the token-level :func:`sequence_divergence` and the paper's g = 50.
-    ``log R`` is clamped to ``[-20, 20]``.
+    Only the two sequence log-likelihoods are comparable across tokenizers: ``S_old`` (the
+    learner's summed log-probs of its re-tokenization, ``n`` tokens) and ``S_gen`` (the
+    generator's summed sampler log-probs). With ``x = (S_old - S_gen) / n``, the
+    length-normalised log-ratio (GSPO eq. 7's per-token geometric mean, in nats/token):
+
+    * ``k1_mean``: ``-x = (S_gen - S_old) / n``, the k1 mean of :func:`sequence_divergence`
+      with the per-token ratios replaced by their geometric mean (equal when the two
+      tokenizations coincide). **Not clamped**: a cross-family completion the learner
+      finds unlikely has a large value and is gated like a same-family one.
+    * ``k3_mean``: ``(e^x - 1) - x``, k3 applied to the geometric-mean ratio (an
+      approximation: the per-token ratios are not observable across tokenizers); only
+      ``e^x`` is clamped (``x <= 20``).
+
+    The legacy summed estimators apply the per-token formula once to the whole sequence,
+    ``R = exp(S_old - S_gen)``: ``kl_learner_gen`` ``R log R - R + 1`` (log R clamped to
+    ``[-20, 20]``; at most 1 nat as R -> 0, which makes cross-family F-TIS plain TIS),
+    ``kl_gen_learner`` ``(R - 1) - log R`` (only the ``exp`` clamped). Both are
+    single-sample estimates of the KL between the models' distributions over completion
+    texts (by the chain rule, the summed per-token KLs: the scale of g = 50).
 
     Args:
         seq_lp_old: ``[B]`` learner sequence log-likelihoods (nats).
         seq_lp_gen: ``[B]`` generator sequence log-probs (nats).
-        estimator: one of :data:`DIVERGENCES`.
+        estimator: one of :data:`DIVERGENCES` (default ``k1_mean``).
+        lengths: ``[B]`` the learner's token counts ``n`` (>= 0); required for
+            :data:`PER_TOKEN_DIVERGENCES`, ignored by the summed ones. A row with
+            ``n = 0`` gets 0.
 
     Returns:
-        ``[B]`` detached, non-negative divergences (nats).
+        ``[B]`` detached statistics (nats per token, or nats for the summed estimators),
+        float32 (float64 for float64 inputs).
 
     Raises:
-        ValueError: on an unknown estimator or shape mismatch.
+        ValueError: on an unknown estimator, shape mismatch, or missing ``lengths`` for a
+            per-token estimator.
     """
-    if estimator not in DIVERGENCES:
-        raise ValueError(f"unknown divergence {estimator!r}; expected one of {DIVERGENCES}")
+    _check_divergence(estimator)
     _check_same_shape(1, seq_lp_old=seq_lp_old, seq_lp_gen=seq_lp_gen)
     dtype = _float_dtype(seq_lp_old, seq_lp_gen)
-    log_r = (seq_lp_old.detach().to(dtype) - seq_lp_gen.detach().to(dtype)).clamp(
-        -_MAX_LOG_RATIO, _MAX_LOG_RATIO
-    )
-    r = torch.exp(log_r)
-    d = r * log_r - r + 1.0 if estimator == "kl_learner_gen" else (r - 1.0) - log_r
-    return d.clamp(min=0.0)
+    log_r = seq_lp_old.detach().to(dtype) - seq_lp_gen.detach().to(dtype)
+    if estimator in PER_TOKEN_DIVERGENCES:
+        if lengths is None:
+            raise ValueError(f"{estimator} needs the learner's token counts (lengths)")
+        _check_same_shape(1, seq_lp_old=seq_lp_old, lengths=lengths)
+        n = lengths.detach().to(dtype)
+        x = log_r / n.clamp(min=1.0)
+        d = _divergence_terms(x, estimator)
+        return torch.where(n > 0, d, torch.zeros_like(d))
+    return _divergence_terms(log_r, estimator)
 
 
 def sequence_level_policy_loss(
@@ -708,18 +925,21 @@ def sequence_level_policy_loss(
     mask: Tensor,
     config: LossConfig,
     length_normalized: bool = False,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """:func:`policy_loss` for completions from a generator with another tokenizer.
 
     Identical to :func:`policy_loss` (clipped surrogate, aggregation, F-TIS filter)
     except that the generator is known only through its sequence log-prob ``S_gen``:
     every token of completion ``i`` gets the same weight
     ``w_i = sequence_importance_weights(S_old_i, S_gen_i, method, C)`` with
-    ``S_old_i = sum_t lp_old_it``, and the filter uses
-    :func:`sequence_level_divergence`. ``nois`` gives ``w = 1`` (DESIGN.md section 6:
-    the fallback when configured). Statistics are those of :func:`policy_loss`, with the
-    sequence weight broadcast to the completion's tokens and ``logratio_gen_mean`` the
-    token-weighted mean of ``S_old - S_gen``.
+    ``S_old_i = sum_t lp_old_it``, and the gate statistic is
+    :func:`sequence_level_divergence` with ``n_i`` the learner's token count (default
+    ``k1_mean``: ``(S_gen - S_old) / n``, unclamped, against the same delta as
+    same-tokenizer samples). ``nois`` gives ``w = 1`` (DESIGN.md section 6: the fallback
+    when configured). Statistics are those of :func:`policy_loss`, with the sequence
+    weight broadcast to the completion's tokens, ``logratio_gen_mean`` the
+    token-weighted mean of ``S_old - S_gen``, ``k1_mean`` the length-normalised
+    ``(S_gen - S_old) / n`` and ``divergence_mean`` the sequence-level ``kl_learner_gen``.
 
     Args:
         lp_theta: ``[B, T]`` learner log-probs of the re-tokenized completion, with grad.
@@ -728,13 +948,13 @@ def sequence_level_policy_loss(
         advantages: ``[B]`` advantages (detached here).
         mask: ``[B, T]`` non-zero on completion tokens.
         config: :class:`LossConfig`.
-        length_normalized: weight ``exp((S_old - S_gen) / n_i)`` with ``n_i`` the
-            completion's token count (the geometric variant of
-            :func:`sequence_importance_weights`); the filter is unchanged.
+        length_normalized: weight ``exp((S_old - S_gen) / n_i)`` (the geometric variant
+            of :func:`sequence_importance_weights`); the gate is unchanged.
 
     Returns:
-        ``(loss, stats)`` as :func:`policy_loss`; ``is_weight_raw_max`` and
-        ``truncated_frac`` refer to the weight actually used (plain or geometric).
+        :class:`LossOutput` as :func:`policy_loss`; ``is_weight_raw_max`` and
+        ``truncated_frac`` refer to the weight actually used (plain or geometric);
+        ``per_completion.log_ratio_sum`` is ``S_old - S_gen``.
 
     Raises:
         TypeError: if ``config`` is not a :class:`LossConfig`.
@@ -756,15 +976,17 @@ def sequence_level_policy_loss(
     s_gen = seq_lp_gen.detach().to(dtype)
     adv = advantages.detach().to(dtype)
     method = config.method
-    lengths = m.sum(dim=-1).to(dtype) if length_normalized else None
-    w_seq = sequence_importance_weights(s_old, s_gen, method, config.truncation, lengths)
-    raw_seq = sequence_importance_weights(s_old, s_gen, "vis", config.truncation, lengths)
-    divergence = sequence_level_divergence(s_old, s_gen, config.divergence)
-    trunc_seq = (raw_seq > config.truncation if method in ("tis", "ftis")
-                 else torch.zeros_like(raw_seq, dtype=torch.bool))
+    n = m.sum(dim=-1).to(dtype)
+    w_lengths = n if length_normalized else None
+    w_seq = sequence_importance_weights(s_old, s_gen, method, config.truncation, w_lengths)
+    raw_seq = sequence_importance_weights(s_old, s_gen, "vis", config.truncation, w_lengths)
+    stat = {name: sequence_level_divergence(s_old, s_gen, name, n)
+            for name in {config.divergence, "k1_mean", "kl_learner_gen"}}
+    gate = _Gate(stat[config.divergence], stat["k1_mean"], stat["kl_learner_gen"],
+                 s_old - s_gen)
     per_tok = torch.ones_like(old)
+    over_cap = (raw_seq > config.truncation).unsqueeze(-1) & m
     return _weighted_surrogate(
         theta, old, w_seq.unsqueeze(-1) * per_tok, raw_seq.unsqueeze(-1) * per_tok,
-        trunc_seq.unsqueeze(-1) & m, (s_old - s_gen).unsqueeze(-1) * per_tok, divergence,
-        adv, m, config,
+        over_cap, (s_old - s_gen).unsqueeze(-1) * per_tok, gate, adv, m, config,
     )

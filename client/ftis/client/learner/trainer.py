@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ftis.client.learner.batch import PackedBatch, RolloutGroup, Sample, pack
+from ftis.client.learner.batch import PackedBatch, Sample, pack
 from ftis.client.learner.loss import (
+    CompletionStats,
     LossConfig,
+    Reduction,
+    Stat,
     completion_logprobs,
-    ftis_filter,
     group_advantages,
-    importance_weights,
     policy_loss,
-    sequence_divergence,
-    sequence_level_divergence,
     sequence_level_policy_loss,
 )
+from ftis.client.rollout.groups import RolloutGroup
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,10 @@ def groups_to_samples(groups: list[RolloutGroup], scale_by_std: bool) -> list[Sa
         if g.reward_variance_zero:
             continue
         adv = group_advantages(torch.tensor([g.rewards], dtype=torch.float32), scale_by_std)[0]
-        seq = g.gen_sequence_logprobs or [None] * len(g.completions)
-        for ids, lps, a, sq in zip(g.completions, g.gen_logprobs, adv.tolist(), seq,
-                                   strict=True):
+        none = [None] * len(g.completions)
+        seq = g.gen_sequence_logprobs if g.gen_sequence_logprobs is not None else none
+        lps_rows = g.gen_logprobs if g.gen_logprobs is not None else none
+        for ids, lps, a, sq in zip(g.completions, lps_rows, adv.tolist(), seq, strict=True):
             samples.append(Sample(g.prompt_ids, ids, lps, a, g.local, g.sender, sq))
     return samples
 
@@ -100,6 +101,18 @@ class Learner:
         ``on_policy`` ignores external groups. Micro-batches never mix local and external
         samples so their statistics can be reported separately. Micro-batch losses are
         re-weighted so the result equals the full-batch loss of the chosen aggregation.
+
+        Metrics: ``groups_local``, ``groups_external``, ``groups_zero_variance``,
+        ``samples``, ``loss``, ``grad_norm``, ``updated``, ``train_tokens``,
+        ``learner_seconds`` (and, when there were samples, ``forward_seconds``,
+        ``backward_seconds``, ``optimizer_seconds``); then every statistic the loss
+        declares (:func:`~ftis.client.learner.loss.policy_loss`: ``is_weight_mean``,
+        ``is_weight_max``, ``is_weight_raw_max``, ``truncated_frac``, ``filtered_frac``,
+        ``divergence_mean``, ``k1_mean``, ``gate_mean``, ``gate_max``, ``clip_frac``,
+        ``logratio_gen_mean``) plus ``samples_counted``, over all samples (no prefix),
+        external ones (``external_``) and cross-tokenizer ones (``cross_``), each
+        combined over micro-batches by its declared reduction (:class:`StatAccumulator`);
+        a prefix is absent when it had no samples.
         """
         cfg = self.config
         t0 = time.perf_counter()
@@ -124,7 +137,8 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         t_forward = t_backward = 0.0
-        acc: dict[str, dict[str, float]] = {"all": {}, "external": {}, "cross": {}}
+        acc = {"all": StatAccumulator(), "external": StatAccumulator(),
+               "cross": StatAccumulator()}
         # local, external token-aligned, external cross-tokenizer: never mixed in a batch
         for local, cross in ((True, False), (False, False), (False, True)):
             part = sorted((s for s in samples if s.local == local
@@ -138,14 +152,14 @@ class Learner:
                 if batch.gen_sequence_logprobs is not None:
                     cross_loss = (dataclasses.replace(cfg.loss, method="nois")
                                   if cfg.cross_tokenizer == "nois" else cfg.loss)
-                    loss, stats = sequence_level_policy_loss(
+                    out = sequence_level_policy_loss(
                         lp_theta, lp_theta.detach(), batch.gen_sequence_logprobs,
                         batch.advantages, batch.completion_mask, cross_loss,
                         length_normalized=cfg.cross_tokenizer == "geometric")
                 else:
-                    loss, stats = policy_loss(lp_theta, lp_theta.detach(),
-                                              batch.gen_logprobs, batch.advantages,
-                                              batch.completion_mask, cfg.loss)
+                    out = policy_loss(lp_theta, lp_theta.detach(), batch.gen_logprobs,
+                                      batch.advantages, batch.completion_mask, cfg.loss)
+                loss = out.loss
                 n_tok, n_seq = batch.num_tokens, len(mb)
                 scale = (n_tok / total_tokens if cfg.loss.aggregation == "token"
                          else n_seq / total_seqs)
@@ -154,12 +168,12 @@ class Learner:
                 t_forward += t2 - t1
                 t_backward += time.perf_counter() - t2
                 if not local:
-                    self._record_senders(mb, lp_theta.detach(), batch)
+                    self._record_senders(mb, out.per_completion, cross)
                 loss_sum += float(loss.detach()) * scale
                 keys = ("all",) if local else ("all", "external", "cross") if cross else (
                     "all", "external")
                 for key in keys:
-                    _accumulate(acc[key], stats, n_tok, n_seq)
+                    acc[key].add(out.stats, n_tok, n_seq)
         t3 = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
         finite = math.isfinite(float(grad_norm))
@@ -179,47 +193,39 @@ class Learner:
         )
         for prefix, a in (("", acc["all"]), ("external_", acc["external"]),
                           ("cross_", acc["cross"])):
-            metrics.update({prefix + k: v for k, v in _finish(a).items()})
+            metrics.update({prefix + k: v for k, v in a.finish().items()})
         return metrics
 
 
-    def _record_senders(self, mb: list[Sample], lp_old: torch.Tensor, batch: PackedBatch) -> None:
-        cfg = self.config.loss
-        mask = batch.completion_mask
-        if batch.gen_sequence_logprobs is not None:
-            # Another tokenizer (often another family): a large sequence log-ratio is
-            # expected there, so it is not reported as evidence about the sender; only
-            # the count and the filter decisions are.
-            s_old = torch.where(mask, lp_old, torch.zeros_like(lp_old)).sum(-1)
-            div = sequence_level_divergence(s_old, batch.gen_sequence_logprobs,
-                                            cfg.divergence)
-            _, filtered = ftis_filter(batch.advantages, div, cfg.filter_threshold)
-            for i, s in enumerate(mb):
-                st = self.sender_stats.setdefault(s.sender, SenderStats())
-                st.completions += 1
-                st.cross_tokenizer_completions += 1
-                st.filtered += int(filtered[i])
-            return
-        log_ratio = torch.where(mask, lp_old - batch.gen_logprobs, torch.zeros_like(lp_old))
-        raw_w = importance_weights(lp_old, batch.gen_logprobs, "vis")
-        truncated = ((raw_w > cfg.truncation) & mask).sum(-1)
-        divergence = sequence_divergence(lp_old, batch.gen_logprobs, mask, cfg.divergence)
-        _, filtered = ftis_filter(batch.advantages, divergence, cfg.filter_threshold)
+    def _record_senders(self, mb: list[Sample], per: CompletionStats, cross: bool) -> None:
+        """Per-sender sums for receiver feedback, from the loss's per-completion
+        statistics (nothing is recomputed: the filter decisions are the loss's own)."""
         for i, s in enumerate(mb):
             st = self.sender_stats.setdefault(s.sender, SenderStats())
             st.completions += 1
-            st.tokens += int(mask[i].sum())
-            st.log_ratio_sum += float(log_ratio[i].sum())
-            st.truncated_tokens += int(truncated[i])
-            st.filtered += int(filtered[i])
+            # what the gate decides about the sample, whatever the method (under ftis,
+            # exactly the completions the loss filtered)
+            st.filtered += int(per.gated[i])
+            if cross:
+                # Another tokenizer (often another family): a large sequence log-ratio is
+                # expected there, so it is not reported as evidence about the sender; only
+                # the count and the filter decisions are.
+                st.cross_tokenizer_completions += 1
+                continue
+            st.tokens += int(per.tokens[i])
+            st.log_ratio_sum += float(per.log_ratio_sum[i])
+            st.truncated_tokens += int(per.truncated_tokens[i])
 
 
 @dataclass
 class SenderStats:
     """What a receiver saw of one sender's completions in a step (sums over samples).
 
-    ``log_ratio_sum`` is the sum over tokens of ``lp_learner - lp_gen`` (nats); the F-TIS
-    filter decision uses the step's divergence estimator and threshold g.
+    ``log_ratio_sum`` is the sum over tokens of ``lp_learner - lp_gen`` (nats);
+    ``filtered`` counts the completions the F-TIS gate marks (``A < 0`` and the step's
+    gate statistic >= its threshold), whatever the method; ``truncated_tokens`` the
+    tokens whose raw weight exceeds C. Both come from the loss's
+    :class:`~ftis.client.learner.loss.CompletionStats`.
     """
 
     completions: int = 0
@@ -235,28 +241,49 @@ class SenderStats:
         return self.log_ratio_sum / max(self.tokens, 1)
 
 
-_TOKEN_MEANS = ("is_weight_mean", "truncated_frac", "clip_frac", "logratio_gen_mean")
-_SEQ_MEANS = ("filtered_frac", "divergence_mean")
-_MAXES = ("is_weight_max", "is_weight_raw_max")
+class StatAccumulator:
+    """Combines the :class:`~ftis.client.learner.loss.Stat` s of several micro-batches.
 
+    Every statistic is combined by the :class:`~ftis.client.learner.loss.Reduction` it was
+    declared with in :mod:`ftis.client.learner.loss`: token means weighted by the
+    micro-batch's completion tokens, sequence means by its completions, maxima by
+    ``max``. So the full-batch value is exact, and no statistic the loss produces can be
+    dropped here. :meth:`finish` also reports ``samples_counted`` (completions seen).
+    """
 
-def _accumulate(acc: dict[str, float], stats: dict[str, torch.Tensor], n_tok: int,
-                n_seq: int) -> None:
-    acc["_tok"] = acc.get("_tok", 0.0) + n_tok
-    acc["_seq"] = acc.get("_seq", 0.0) + n_seq
-    for k in _TOKEN_MEANS:
-        acc[k] = acc.get(k, 0.0) + float(stats[k]) * n_tok
-    for k in _SEQ_MEANS:
-        acc[k] = acc.get(k, 0.0) + float(stats[k]) * n_seq
-    for k in _MAXES:
-        acc[k] = max(acc.get(k, 0.0), float(stats[k]))
+    def __init__(self) -> None:
+        self.tokens = 0.0
+        self.seqs = 0.0
+        self.values: dict[str, float] = {}
+        self.reductions: dict[str, Reduction] = {}
 
+    def add(self, stats: dict[str, Stat], n_tok: int, n_seq: int) -> None:
+        """Fold in one micro-batch's statistics (``n_tok`` tokens, ``n_seq`` completions)."""
+        self.tokens += n_tok
+        self.seqs += n_seq
+        for name, stat in stats.items():
+            red = self.reductions.setdefault(name, stat.reduction)
+            if red is not stat.reduction:
+                raise ValueError(f"statistic {name!r} changed reduction: {red} vs "
+                                 f"{stat.reduction}")
+            v = float(stat.value)
+            if red is Reduction.MAX:
+                self.values[name] = max(self.values.get(name, v), v)
+            else:
+                weight = n_tok if red is Reduction.TOKEN_MEAN else n_seq
+                self.values[name] = self.values.get(name, 0.0) + v * weight
 
-def _finish(acc: dict[str, float]) -> dict[str, float]:
-    if not acc:
-        return {}
-    out = {k: acc[k] / max(acc["_tok"], 1) for k in _TOKEN_MEANS}
-    out.update({k: acc[k] / max(acc["_seq"], 1) for k in _SEQ_MEANS})
-    out.update({k: acc[k] for k in _MAXES})
-    out["samples_counted"] = acc["_seq"]
-    return out
+    def finish(self) -> dict[str, float]:
+        """Full-batch values by name (empty when nothing was added)."""
+        if not self.reductions:
+            return {}
+        out: dict[str, float] = {}
+        for name, red in self.reductions.items():
+            v = self.values[name]
+            if red is Reduction.TOKEN_MEAN:
+                v /= max(self.tokens, 1.0)
+            elif red is Reduction.SEQ_MEAN:
+                v /= max(self.seqs, 1.0)
+            out[name] = v
+        out["samples_counted"] = self.seqs
+        return out

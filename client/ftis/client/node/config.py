@@ -42,8 +42,11 @@ class ClientConfig(BaseSettings):
     rounds: int = Field(10, ge=0, description="rounds to run; 0 = until stopped")
     method: Method = "ftis"
     truncation: float = Field(2.0, gt=0, description="C: importance-weight cap")
-    filter_threshold: float = Field(50.0, gt=0, description="g: F-TIS divergence threshold")
-    divergence: Literal["kl_learner_gen", "kl_gen_learner"] = "kl_learner_gen"
+    filter_threshold: float | None = Field(
+        None, gt=0, description="F-TIS gate threshold in the divergence's unit: delta in "
+        "nats/token for k1_mean/k3_mean (default 1.0), g in summed nats for kl_* "
+        "(default 50, the paper's g)")
+    divergence: Literal["k1_mean", "k3_mean", "kl_learner_gen", "kl_gen_learner"] = "k1_mean"
     aggregation: Literal["token", "sequence"] = "token"
     cross_tokenizer: Literal["off", "sequence", "geometric", "nois"] = Field(
         "sequence",
@@ -97,6 +100,14 @@ class ClientConfig(BaseSettings):
 
         return LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha,
                             dropout=self.lora_dropout, target_modules=tuple(self.lora_targets))
+
+    @property
+    def effective_filter_threshold(self) -> float:
+        """``filter_threshold``, or the default of the chosen divergence's unit: 1.0
+        nat/token for the per-token statistics, 50 summed nats for the legacy ones."""
+        if self.filter_threshold is not None:
+            return self.filter_threshold
+        return 1.0 if self.divergence in ("k1_mean", "k3_mean") else 50.0
 
     @property
     def effective_learning_rate(self) -> float:

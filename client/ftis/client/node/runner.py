@@ -14,18 +14,18 @@ from pathlib import Path
 
 import torch
 
-from ftis.client.learner.batch import RolloutGroup
 from ftis.client.learner.checkpoint import load_checkpoint, save_checkpoint
 from ftis.client.learner.loss import LossConfig
 from ftis.client.learner.trainer import Learner, LearnerConfig
 from ftis.client.models.loader import Policy
 from ftis.client.node.config import ClientConfig
+from ftis.client.rollout.groups import RolloutGroup
 from ftis.client.rollout.sampler import SamplingSettings, sample_groups
 from ftis.client.swarm.connection import SwarmConnection
 from ftis.client.swarm.cross_tokenizer import retokenizer_for
 from ftis.client.swarm.external_pool import ExternalPool
 from ftis.protocol.errors import FtisError
-from ftis.tasks import TaskEntry, score_completion
+from ftis.tasks import TaskEntry
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class VolunteerNode:
         self.out.mkdir(parents=True, exist_ok=True)
         loss = LossConfig(
             method=config.method, truncation=config.truncation,
-            filter_threshold=config.filter_threshold, divergence=config.divergence,
+            filter_threshold=config.effective_filter_threshold, divergence=config.divergence,
             clip_eps_low=config.clip_eps, clip_eps_high=config.clip_eps,
             aggregation=config.aggregation, temperature=config.temperature,
         )
@@ -95,6 +95,8 @@ class VolunteerNode:
             self.eval_config = (EvalConfig.model_validate_json(config.eval_config.read_text())
                                 if config.eval_config else EvalConfig())
             self.eval_sets = build_eval_sets(self.eval_config)
+            (self.out / "eval_sets.json").write_text(json.dumps(
+                {s.name: [e.question for e in s.entries] for s in self.eval_sets}, indent=1))
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> bool:
@@ -158,13 +160,13 @@ class VolunteerNode:
         exact rule the coordinator checks (``TEXT_MISMATCH``).
         """
         pol = self.policy
-        entry = TaskEntry.from_json(lease.entry_json).as_entry()
+        entry = TaskEntry.from_json(lease.entry_json)
         completions = []
         for c in sampled:
             text = pol.decode(c.token_ids)
             completions.append(bundle_pb2.Completion(
                 token_ids=c.token_ids, logprobs=c.logprobs, text=text,
-                claimed_reward=score_completion(lease.dataset, text, entry),
+                claimed_reward=entry.score(text),
                 finish_reason=c.finish_reason))
         return bundle_pb2.Bundle(
             task_id=lease.task_id, lease_id=lease.lease_id, node_id=self.conn.node_id,
@@ -222,6 +224,10 @@ class VolunteerNode:
         beat = self.conn.heartbeat(self.round)
         stats["reputation"] = float(beat.reputation)
         local = self._local_groups(stats)
+        # SAPO: groups whose rewards are all equal carry no advantage; they are counted
+        # apart (the learner drops them) and never shared as training signal
+        stats["local_groups_informative"] = float(sum(not g.reward_variance_zero
+                                                      for g in local))
         external: list[RolloutGroup] = []
         if cfg.external_groups > 0 and cfg.method != "on_policy":
             self._pull_external()
@@ -251,16 +257,21 @@ class VolunteerNode:
         return RoundResult(self.round, stats)
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy held-out evaluation now; appended to ``out/eval.jsonl`` and returned."""
-        from ftis.client.node.evaluation import evaluate
+        """Held-out evaluation now: means returned, and appended with the per-prompt
+        rewards (for paired tests) to ``out/eval.jsonl``."""
+        from ftis.client.node.evaluation import evaluate_sets, summarize
 
         t0 = time.perf_counter()
-        result = evaluate(self.policy, self.eval_sets, self.eval_config)
+        per_set = evaluate_sets(self.policy, self.eval_sets, self.eval_config)
+        result = summarize(per_set)
         result["eval_seconds"] = time.perf_counter() - t0
+        per_prompt = {name: {"greedy": r.greedy, "sampled": r.sampled}
+                      for name, r in per_set.items()}
         with open(self.out / "eval.jsonl", "a") as fh:
             fh.write(json.dumps({"round": self.round, "node_id": self.conn.node_id,
                                  "model": self.config.model, "peft": self.config.peft,
-                                 "method": self.config.method, **result}) + "\n")
+                                 "method": self.config.method, **result,
+                                 "per_prompt": per_prompt}) + "\n")
         return result
 
     def checkpoint(self) -> None:

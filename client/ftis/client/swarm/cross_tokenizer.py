@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ftis.tasks.prompt import PLAIN_STOP_STRINGS, render_messages
 from ftis.v1 import bundle_pb2
@@ -120,14 +121,31 @@ def retokenizer_for(policy) -> Retokenizer:
     )
 
 
+class Retokenized(NamedTuple):
+    """A foreign bundle as the receiver sees it (:func:`retokenize_bundle`).
+
+    Attributes:
+        prompt_ids: the receiver's own prompt ids for the relayed question.
+        completions: receiver token ids of each completion (content + own termination).
+        seq_logprobs: ``sum(bundle.completions[i].logprobs)``, the generator's sequence
+            log-prob of each completion (nats, float).
+    """
+
+    prompt_ids: list[int]
+    completions: list[list[int]]
+    seq_logprobs: list[float]
+
+
 def retokenize_bundle(
     bundle: bundle_pb2.Bundle, question: str, retokenizer: Retokenizer
-) -> tuple[list[int], list[list[int]], list[float]]:
+) -> Retokenized:
     """Receiver prompt ids, re-tokenized completions and generator sequence log-probs.
 
     Returns:
-        ``(prompt_ids, completions, seq_logprobs)``: ``completions[i]`` are receiver ids;
-        ``seq_logprobs[i] = sum(bundle.completions[i].logprobs)`` (nats, float).
+        :class:`Retokenized` ``(prompt_ids, completions, seq_logprobs)`` (a named tuple):
+        ``completions[i]`` are receiver ids; ``seq_logprobs[i] =
+        sum(bundle.completions[i].logprobs)`` (nats, float). It feeds
+        :meth:`ftis.client.rollout.groups.RolloutGroup.from_bundle`.
 
     Raises:
         ValueError: empty question, a completion that re-tokenizes to nothing or to
@@ -145,4 +163,4 @@ def retokenize_bundle(
             raise ValueError(f"completion {i} re-tokenizes to {len(ids)} tokens")
         completions.append(ids)
         seq.append(float(sum(c.logprobs)))
-    return prompt, completions, seq
+    return Retokenized(prompt, completions, seq)

@@ -2,10 +2,12 @@
 
 Receivers do not trust the relay blindly: each relayed envelope's Ed25519 signature is
 verified again and the bundle's structure is checked against the receiver's own
-vocabulary before it can reach the learner. Groups are used at most once; the J groups
-of a round are drawn from the unused ones with probability proportional to the
-sender's reputation as reported by the relay (uniform, as in SAPO, when all senders
-are equally trusted); the oldest groups are dropped when the pool exceeds its capacity.
+vocabulary before it can reach the learner. Groups whose rewards are all equal carry
+no learning signal and are dropped on arrival (SAPO as written). Groups are used at
+most once; the J groups of a round are drawn from the unused ones with probability
+proportional to the sender's reputation as reported by the relay (uniform, as in SAPO,
+when all senders are equally trusted); the oldest groups are dropped when the pool
+exceeds its capacity.
 Where the receiver shares the sender's tokenizer it also checks
 ``text == decode(token_ids)``. Bundles from another tokenizer are accepted only with a
 :class:`~ftis.client.swarm.cross_tokenizer.Retokenizer`: their text is re-tokenized under
@@ -21,8 +23,8 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable
 
-from ftis.client.learner.batch import RolloutGroup
-from ftis.client.swarm.cross_tokenizer import Retokenizer, retokenize_bundle
+from ftis.client.rollout.groups import RolloutGroup
+from ftis.client.swarm.cross_tokenizer import Retokenized, Retokenizer, retokenize_bundle
 from ftis.protocol.bundles import MAX_BUNDLE_BYTES, BundleLimits, check_structure
 from ftis.protocol.envelope import open_envelope
 from ftis.protocol.errors import FtisError
@@ -64,6 +66,8 @@ class ExternalPool:
         self.retokenizer = retokenizer
         #: relayed bundles kept through the cross-tokenizer path
         self.cross_tokenizer_accepted = 0
+        #: valid relayed bundles dropped because all their rewards are equal
+        self.zero_variance_dropped = 0
         #: per sender: relayed bundles that failed local re-verification / text checks
         self.invalid_by_sender: Counter[str] = Counter()
         self.text_mismatch_by_sender: Counter[str] = Counter()
@@ -88,10 +92,11 @@ class ExternalPool:
             check_structure(bundle, limits)
             if len(relayed.verified_rewards) != len(bundle.completions):
                 raise FtisError(103, "verified rewards do not match the completions")
+            retokenized: Retokenized | None = None
             if cross:
                 try:
-                    prompt_ids, completions, seq_lps = retokenize_bundle(
-                        bundle, relayed.task_question, self.retokenizer)
+                    retokenized = retokenize_bundle(bundle, relayed.task_question,
+                                                    self.retokenizer)
                 except ValueError as exc:
                     raise FtisError(113, f"cannot re-tokenize: {exc}") from exc
             elif self.decode is not None:
@@ -108,33 +113,27 @@ class ExternalPool:
             log.warning("dropping relayed bundle %s: %s", relayed.bundle_id, exc)
             return False
         meta = {"bundle_id": relayed.bundle_id, "base_model": bundle.model_card.base_model}
-        if cross:
-            group = RolloutGroup(
-                prompt_ids=prompt_ids,
-                completions=completions,
-                gen_logprobs=[[0.0] * len(ids) for ids in completions],
-                rewards=list(relayed.verified_rewards),
-                local=False, sender=sender, policy_version=bundle.policy_version,
-                task_id=bundle.task_id, meta=meta, gen_sequence_logprobs=seq_lps,
-            )
-        else:
-            group = RolloutGroup(
-                prompt_ids=list(bundle.prompt_token_ids),
-                completions=[list(c.token_ids) for c in bundle.completions],
-                gen_logprobs=[list(c.logprobs) for c in bundle.completions],
-                rewards=list(relayed.verified_rewards),
-                local=False, sender=sender, policy_version=bundle.policy_version,
-                task_id=bundle.task_id, meta=meta,
-            )
+        group = RolloutGroup.from_bundle(bundle, relayed.verified_rewards, local=False,
+                                         meta=meta, retokenized=retokenized)
         if group.reward_variance_zero:
+            # SAPO as written: only informative groups are shared and drawn, so the J
+            # external groups of a round are never spent on zero-advantage groups
+            self.zero_variance_dropped += 1
             return False
         self.cross_tokenizer_accepted += int(cross)
+        if self.groups.maxlen is not None and len(self.groups) == self.groups.maxlen:
+            self.weights.pop(self.groups[0].meta.get("bundle_id", ""), None)
         self.weights[relayed.bundle_id] = max(relayed.sender_reputation, 0.0)
         self.groups.append(group)
         return True
 
     def take(self, count: int) -> list[RolloutGroup]:
-        """Remove and return up to ``count`` groups drawn uniformly from the pool."""
+        """Remove and return up to ``count`` groups, drawn without replacement with
+        probability proportional to the sender's reputation (uniform when all are equal).
+
+        Only informative groups are in the pool (:meth:`add` drops groups whose rewards
+        are all equal), so every returned group has non-zero reward variance.
+        """
         if self.max_policy_lag is not None and self.groups:
             # per sender: policy versions of different nodes are not comparable, and a
             # sender claiming a huge version must only make its own groups look stale
@@ -144,6 +143,8 @@ class ExternalPool:
             fresh = [g for g in self.groups
                      if newest[g.sender] - g.policy_version <= self.max_policy_lag]
             self.groups = deque(fresh, maxlen=self.groups.maxlen)
+            kept = {g.meta.get("bundle_id", "") for g in self.groups}
+            self.weights = {k: v for k, v in self.weights.items() if k in kept}
         count = min(count, len(self.groups))
         if count <= 0:
             return []
