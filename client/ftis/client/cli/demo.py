@@ -116,7 +116,7 @@ def demo(
     colour = "green" if conclusion["significant"] else "yellow"
     console.print(f"[{colour}]held-out {conclusion['metric']}: {conclusion['before']:.3f} -> "
                   f"{conclusion['after']:.3f} (n = {conclusion['n_prompts']}, "
-                  f"p = {conclusion['p_value']:.4f})[/{colour}]")
+                  f"p = {conclusion['p_value']:.2g})[/{colour}]")
 
 
 def _warm_model_cache(model: str) -> None:
@@ -268,7 +268,9 @@ def write_report(out: Path, names: list[str], stats: dict, wall_s: float,
                          f"sign-flip | {s['p_value']:.4g} |")
         if "error" in c:
             lines.append(f"| {n} | – | – | – | – | {c['error']} | – |")
-    lines += ["", "Secondary rows are reported, not claimed (no multiplicity correction).",
+    lines += ["", "Secondary rows are reported, not claimed (no multiplicity correction). "
+              "Sign-flip p-values over more than 16 prompts are Monte Carlo estimates from "
+              "20,000 draws and cannot go below 1/20,001 = 5e-05.",
               "", "## Training reward", "", "![training reward](rewards.png)", "",
               f"Mean verified reward of each round's own groups (faint) and its "
               f"{window}-round trailing mean (bold).", ""]
