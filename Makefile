@@ -40,11 +40,12 @@ demo: setup
 bench: bench-learner
 	$(BIN)/python bench/fuzz_verification.py --examples 100000
 
-# One learner step, FTIS vs TRL's GRPOTrainer (same model, shape, dtype; CPU), measured
-# in the same run: median step-time and peak-memory ratios + our step's breakdown.
+# FTIS vs TRL's GRPOTrainer (same model, dtype; CPU, 1 torch thread), measured in the same
+# run: one learner step at a fixed shape, then one demo round (generation + learner step
+# at make demo's shape); median time and peak-memory ratios + breakdowns (~10 min).
 bench-learner: setup
 	$(PIP) -e "client[bench]"
-	$(BIN)/python bench/learner_vs_trl.py --reps 5
+	$(BIN)/python bench/learner_vs_trl.py --reps 3 --threads 1
 
 # The experiment matrices of docs/results.md, then its tables (experiments/summarize.py
 # copies each run's raw results to experiments/results/ID and rewrites the tables).

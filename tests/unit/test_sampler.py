@@ -3,11 +3,13 @@
 import pytest
 import torch
 
+from ftis.client.rollout import sampler
 from ftis.client.rollout.sampler import (
     SamplingSettings,
     StopChecker,
     filter_logits,
     sample_groups,
+    sample_inverse_cdf,
 )
 from ftis.v1 import bundle_pb2
 
@@ -49,6 +51,12 @@ def test_finish_reason_and_eos_cut(tiny_policy_factory):
         assert len(c.token_ids) == 3 and c.finish_reason == bundle_pb2.FINISH_REASON_LENGTH
 
 
+def test_no_prompts_no_completions(tiny_policy_factory):
+    pol = tiny_policy_factory()
+    res = sample_groups(pol.model, [], 4, SamplingSettings(max_new_tokens=4), [2], 0)
+    assert res.completions == [] and res.generated_tokens == 0
+
+
 def test_same_seed_same_samples(tiny_policy_factory):
     pol = tiny_policy_factory()
     runs = [sample_groups(pol.model, [[1, 5, 6]], 4, SamplingSettings(max_new_tokens=8),
@@ -56,6 +64,77 @@ def test_same_seed_same_samples(tiny_policy_factory):
             for _ in range(2)]
     assert [c.token_ids for c in runs[0].completions[0]] == \
         [c.token_ids for c in runs[1].completions[0]]
+
+
+
+def test_rows_that_finish_early_leave_the_batch_without_changing_any_sample(
+        tiny_policy_factory, monkeypatch):
+    """Finished rows are dropped from the batch and KV cache: every row's tokens, log-probs
+    and finish reason, and the generator's state afterwards, are the same as when all rows
+    run to the end; the log-probs are those of a fresh teacher-forced forward pass."""
+    pol = tiny_policy_factory()
+    eos = list(range(3, pol.card.vocab_size, 12))  # ~8 % of the vocabulary ends a row
+    prompts = [[1, 5, 6, 7, 8, 9, 10], [1, 9], [1, 11, 12, 13]]  # left padding of 0 to 5
+    settings = SamplingSettings(temperature=0.7, max_new_tokens=16)
+
+    def run(prune):
+        monkeypatch.setattr(sampler, "PRUNE_FINISHED_ROWS", prune)
+        gen = torch.Generator().manual_seed(5)
+        res = sample_groups(pol.model, prompts, 4, settings, eos, pol.tokenizer.pad_token_id,
+                            gen)
+        return res, gen.get_state()
+
+    (pruned, state), (kept, kept_state) = run(True), run(False)
+    assert torch.equal(state, kept_state)
+    early = ran_out = 0
+    for prompt, group, ref in zip(prompts, pruned.completions, kept.completions, strict=True):
+        for c, r in zip(group, ref, strict=True):
+            assert (c.token_ids, c.finish_reason) == (r.token_ids, r.finish_reason)
+            torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(r.logprobs),
+                                       atol=1e-5, rtol=0)
+            assert len(c.token_ids) == len(c.logprobs)
+            assert not set(c.token_ids[:-1]) & set(eos)
+            if c.finish_reason == bundle_pb2.FINISH_REASON_STOP:
+                assert c.token_ids[-1] in eos  # the EOS token is kept in the completion
+                early += len(c.token_ids) < settings.max_new_tokens
+            else:
+                assert c.finish_reason == bundle_pb2.FINISH_REASON_LENGTH
+                assert len(c.token_ids) == settings.max_new_tokens
+                assert c.token_ids[-1] not in eos
+                ran_out += 1
+            expected = _full_forward_logprobs(pol.model, prompt, c.token_ids, 0.7)
+            torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
+    assert early >= 3 and ran_out >= 2  # both kinds of rows are exercised
+    assert pruned.generated_tokens == sum(len(c.token_ids) for g in pruned.completions
+                                          for c in g)
+
+
+def test_inverse_cdf_sampling_follows_the_distribution_and_never_draws_a_zero():
+    g = torch.Generator().manual_seed(0)
+    v = 700  # three blocks of 256, the last one padded
+    weights = torch.rand(v, generator=g) ** 4 * 3.0  # unnormalised
+    weights[torch.rand(v, generator=g) < 0.3] = 0.0  # filtered entries
+    weights[256:512] = 0.0  # a whole block of zeros
+    n = 5000
+    grid = (torch.arange(n, dtype=torch.float64) + 0.5) / n  # evenly spaced uniforms
+    draws = sample_inverse_cdf(weights.expand(n, v), grid)
+    counts = torch.bincount(draws, minlength=v).double()
+    expected = weights.double() / weights.double().sum() * n
+    assert (counts - expected).abs().max() <= 1.0 + 1e-6  # the grid is exact up to one draw
+    assert counts[weights == 0].sum() == 0
+    # the extreme uniforms land on the first and the last entry of positive probability
+    ends = sample_inverse_cdf(weights.expand(2, v),
+                              torch.tensor([0.0, 1.0 - 2.0 ** -53], dtype=torch.float64))
+    positive = (weights > 0).nonzero()[:, 0]
+    assert ends.tolist() == [positive[0].item(), positive[-1].item()]
+    # one-hot rows (greedy decoding through top_k = 1) always give the arg-max
+    one_hot = torch.zeros(3, v)
+    one_hot[0, 0], one_hot[1, 255], one_hot[2, v - 1] = 1.0, 1.0, 1.0
+    assert sample_inverse_cdf(one_hot, torch.rand(3, dtype=torch.float64)).tolist() == \
+        [0, 255, v - 1]
+    for bad in (torch.zeros(1, v), torch.full((1, v), float("nan"))):
+        with pytest.raises(ValueError):
+            sample_inverse_cdf(bad, torch.zeros(1, dtype=torch.float64))
 
 
 def test_filter_logits_top_k_and_top_p():

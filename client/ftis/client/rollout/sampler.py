@@ -12,6 +12,12 @@ Optional stop strings (for models without a chat template, whose completions do 
 with an EOS token; see :data:`ftis.tasks.PLAIN_STOP_STRINGS`) end a row once its decoded
 text contains one of them; the tokens up to and including the one that completed the stop
 string are kept, so ``text == decode(token_ids)`` and the log-probs stay aligned.
+
+Speed (docs/benchmarks.md): each prompt is prefilled once and its KV cache repeated for
+its G rows; tokens are drawn by inverse-CDF sampling from one uniform per row (a
+``torch.multinomial`` draw costs an exponential variate per vocabulary entry); rows that
+finished leave the batch and its KV cache. A row's tokens depend only on its own uniforms,
+which are drawn for every row at every step, so dropping finished rows changes no sample.
 """
 
 from __future__ import annotations
@@ -123,6 +129,64 @@ class StopChecker:
         return len(token_ids) <= self.window or self.contains_stop(self.decode(token_ids))
 
 
+#: Drop finished rows from the decoding batch (and its KV cache). The sampled tokens do not
+#: depend on it (each row draws its own uniform at every step); tests switch it off to
+#: check exactly that.
+PRUNE_FINISHED_ROWS = True
+
+_CDF_BLOCK = 256
+
+
+def sample_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Draw one index per row with probability ``probs[i, k] / probs[i].sum()``.
+
+    Inverse-CDF sampling in float64 at the cost of one pass over ``probs`` (block sums,
+    then a cumulative sum inside the one block that holds the draw), and of one uniform
+    per row: unlike ``torch.multinomial`` (which draws an exponential variate for every
+    entry of ``[N, V]``), a row's draw depends on its own uniform only. Entries of
+    probability 0 (filtered by top-k / top-p) are never drawn.
+
+    Args:
+        probs: ``[N, V]`` non-negative weights, each row with a positive sum.
+        uniforms: ``[N]`` uniform variates in ``[0, 1)``.
+    Returns:
+        ``[N]`` long indices into ``V``.
+    Raises:
+        ValueError: a row's weights sum to 0, inf or NaN (e.g. a model that diverged).
+    """
+    n, v = probs.shape
+    n_blocks = -(-v // _CDF_BLOCK)
+    padded = torch.nn.functional.pad(probs, (0, n_blocks * _CDF_BLOCK - v))
+    blocks = padded.view(n, n_blocks, _CDF_BLOCK)
+    cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [N, n_blocks]
+    total = cdf[:, -1]
+    if not bool((torch.isfinite(total) & (total > 0)).all()):
+        raise ValueError("sampling weights must be finite, with a positive sum per row")
+    target = uniforms.to(cdf)[:, None] * total[:, None]  # [N, 1], in [0, total)
+    block = torch.searchsorted(cdf, target, right=True).clamp_(max=n_blocks - 1)
+    below = torch.where(block > 0, cdf.gather(-1, (block - 1).clamp(min=0)), 0.0)
+    inner = blocks.gather(1, block[:, :, None].expand(n, 1, _CDF_BLOCK))[:, 0]
+    inner_cdf = inner.to(torch.float64).cumsum(-1)  # [N, block]
+    offset = torch.searchsorted(inner_cdf, target - below, right=True).clamp_(
+        max=_CDF_BLOCK - 1)
+    index = (block * _CDF_BLOCK + offset)[:, 0]
+    # float rounding at a block edge (probability ~1e-16) could pick a zero entry
+    bad = padded.gather(-1, index[:, None])[:, 0] <= 0
+    if bool(bad.any()):
+        index = torch.where(bad, probs.argmax(-1), index)
+    return index
+
+
+def _select_rows(cache, rows: torch.Tensor):  # noqa: ANN001, ANN202 - any transformers cache
+    """Keep (or repeat) batch ``rows`` of a KV cache, in that order."""
+    if hasattr(cache, "batch_select_indices"):  # transformers Cache (DynamicCache, ...)
+        cache.batch_select_indices(rows)
+        return cache
+    if isinstance(cache, tuple | list):  # legacy tuple of per-layer (key, value)
+        return type(cache)(tuple(t[rows] for t in layer) for layer in cache)
+    raise TypeError(f"cannot select rows of a {type(cache).__name__}")
+
+
 @torch.no_grad()
 def sample_groups(
     model: torch.nn.Module,
@@ -138,13 +202,20 @@ def sample_groups(
 ) -> SamplingResult:
     """Sample ``group_size`` completions for each prompt in one left-padded batch.
 
+    Each prompt is run through the model once (the prefill); its KV cache is then repeated
+    for the ``group_size`` rows of its group. At every step each row draws its token from
+    one uniform of its own (:func:`sample_inverse_cdf`; a full batch of uniforms is drawn
+    every step, so the stream does not depend on which rows are still running), and rows
+    that finished (EOS or stop string) leave the batch and its KV cache, so a step costs
+    what the running rows cost. Same generator state in, same completions out.
+
     Args:
         model: a causal LM (``transformers`` or a PEFT wrapper) in eval mode.
         prompts: token ids per prompt (lengths may differ).
         group_size: G completions per prompt (a vertical group).
         settings: temperature, top-p, top-k, max_new_tokens.
         eos_token_ids: ids that end a completion (included in the completion).
-        pad_token_id: id used for left padding and finished rows.
+        pad_token_id: id used for left padding.
         generator: CPU RNG for reproducible sampling.
         stop_strings: a row also finishes (``FINISH_REASON_STOP``) at the first token
             after which its decoded completion contains one of these; that token is kept.
@@ -158,14 +229,16 @@ def sample_groups(
     if stop_strings and decode is None:
         raise ValueError("stop_strings need a decode function")
     stopper = StopChecker(stop_strings, decode) if stop_strings else None
+    if not prompts:
+        return SamplingResult([], 0, time.perf_counter() - start)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    rows = [p for p in prompts for _ in range(group_size)]
-    batch, width = len(rows), max(len(p) for p in rows)
-    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((batch, width), dtype=torch.long)
-    for i, p in enumerate(rows):
+    n_prompts, width = len(prompts), max(len(p) for p in prompts)
+    batch = n_prompts * group_size
+    input_ids = torch.full((n_prompts, width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((n_prompts, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
         input_ids[i, width - len(p) :] = torch.tensor(p)
         attention[i, width - len(p) :] = 1
     input_ids, attention = input_ids.to(device), attention.to(device)
@@ -174,36 +247,50 @@ def sample_groups(
 
     out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                 use_cache=True, logits_to_keep=1)  # the LM head runs on the last position only
-    cache, logits = out.past_key_values, out.logits[:, -1, :]
-    next_pos = positions[:, -1:] + 1
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    # row i of the batch is sample i % G of prompt i // G
+    expand = torch.arange(n_prompts, device=device).repeat_interleave(group_size)
+    cache = _select_rows(out.past_key_values, expand)
+    logits = out.logits[:, -1, :][expand]
+    attention, next_pos = attention[expand], positions[expand, -1:] + 1
+    rows = torch.arange(batch, device=device)  # batch row -> row of the result
+    running = torch.ones(batch, dtype=torch.bool, device=device)  # rows still sampling
+    tokens = torch.full((batch, settings.max_new_tokens), pad_token_id, dtype=torch.long,
+                        device=device)
+    logprobs = torch.zeros((batch, settings.max_new_tokens), dtype=torch.float32,
+                           device=device)
+    ends = [0] * batch
+    reasons = [bundle_pb2.FINISH_REASON_LENGTH] * batch
     generated_ids: list[list[int]] = [[] for _ in range(batch)]  # only used with stop strings
-    stop_end: dict[int, int] = {}  # row -> completion length at its stop string
-    tokens: list[torch.Tensor] = []
-    logprobs: list[torch.Tensor] = []
     for step in range(settings.max_new_tokens):
+        uniforms = torch.rand(batch, generator=generator, dtype=torch.float64).to(device)
         scores = filter_logits(logits.float() / settings.temperature, settings.top_k,
                                settings.top_p)
         logp = torch.log_softmax(scores, dim=-1)
-        draw = torch.multinomial(logp.exp().cpu(), 1, generator=generator).to(device)
-        lp = logp.gather(-1, draw).squeeze(-1)
-        draw = draw.squeeze(-1).masked_fill(finished, pad_token_id)
-        tokens.append(draw)
-        logprobs.append(lp.masked_fill(finished, 0.0))
+        draw = sample_inverse_cdf(logp.exp(), uniforms[rows])
+        lp = logp.gather(-1, draw[:, None])[:, 0]
+        live = rows[running]  # result rows that take this step's token
+        tokens[live, step] = draw[running]
+        logprobs[live, step] = lp[running].float()
+        done = torch.isin(draw, eos) & running
         if stopper is not None:
-            was_finished = finished.tolist()
-            for i, t in enumerate(draw.tolist()):
-                if not was_finished[i]:
+            hits = []
+            for i, t, r, d in zip(rows.tolist(), draw.tolist(), running.tolist(),
+                                  done.tolist(), strict=True):
+                if r and not d:
                     generated_ids[i].append(t)
-                    if stopper.hit(generated_ids[i]):
-                        stop_end[i] = step + 1
-            if stop_end:
-                finished = finished | torch.tensor(
-                    [i in stop_end for i in range(batch)], dtype=torch.bool, device=device)
-        finished = finished | torch.isin(draw, eos)
-        if bool(finished.all()) or step == settings.max_new_tokens - 1:
+                hits.append(bool(r and not d and stopper.hit(generated_ids[i])))
+            done = done | torch.tensor(hits, dtype=torch.bool, device=device)
+        for i in rows[done].tolist():
+            ends[i], reasons[i] = step + 1, bundle_pb2.FINISH_REASON_STOP
+        running = running & ~done
+        if not bool(running.any()) or step == settings.max_new_tokens - 1:
             break
-        attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype,
+        if PRUNE_FINISHED_ROWS and bool(done.any()):
+            keep = running.nonzero()[:, 0]
+            cache = _select_rows(cache, keep)
+            attention, next_pos, draw = attention[keep], next_pos[keep], draw[keep]
+            rows, running = rows[keep], running[keep]
+        attention = torch.cat([attention, torch.ones((len(rows), 1), dtype=attention.dtype,
                                                      device=device)], dim=-1)
         out = model(input_ids=draw[:, None], attention_mask=attention, position_ids=next_pos,
                     past_key_values=cache, use_cache=True)
@@ -211,22 +298,15 @@ def sample_groups(
         next_pos = next_pos + 1
     model.train(was_training)
 
-    tok = torch.stack(tokens, dim=1).cpu()
-    lps = torch.stack(logprobs, dim=1).float().cpu()
-    eos_set = set(eos_token_ids)
+    tok, lps = tokens.cpu().tolist(), logprobs.cpu().tolist()
     groups: list[list[SampledCompletion]] = []
     generated = 0
-    for p in range(len(prompts)):
+    for p in range(n_prompts):
         group = []
         for g in range(group_size):
             i = p * group_size + g
-            ids, lp_row = tok[i].tolist(), lps[i].tolist()
-            end = next((t + 1 for t, x in enumerate(ids) if x in eos_set), None)
-            if i in stop_end:
-                end = min(end or stop_end[i], stop_end[i])
-            reason = bundle_pb2.FINISH_REASON_STOP if end else bundle_pb2.FINISH_REASON_LENGTH
-            end = end or len(ids)
-            group.append(SampledCompletion(ids[:end], lp_row[:end], reason))
+            end = ends[i] or settings.max_new_tokens
+            group.append(SampledCompletion(tok[i][:end], lps[i][:end], reasons[i]))
             generated += end
         groups.append(group)
     return SamplingResult(groups, generated, time.perf_counter() - start)
