@@ -3,12 +3,12 @@ docs tables (no processes: ``launch`` is replaced by a fake that writes the logs
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from script_loader import load_script
 
 from ftis.client.experiment import matrix, report
 from ftis.client.experiment.matrix import (
@@ -444,11 +444,7 @@ def test_pooled_clients_and_power_family_override(tmp_path):
 
 # -------------------------------------------------------------- docs regeneration
 def _summarize_module():
-    spec = importlib.util.spec_from_file_location("summarize",
-                                                  ROOT / "experiments" / "summarize.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/summarize.py")
 
 
 DOC = """# Results

@@ -1,20 +1,16 @@
 """docs/demo.md's table is regenerated from committed demo reports."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("summarize_demo",
-                                                  ROOT / "experiments" / "summarize_demo.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/summarize_demo.py")
 
 
 def _report(seed, significant):

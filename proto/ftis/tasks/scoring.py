@@ -20,7 +20,13 @@ import functools
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
+
+#: Reward functions of :func:`score_completion`: ``gym`` is the dataset's own
+#: ``score_answer`` (partial credit on some datasets), ``exact`` is 1 for an extracted
+#: answer equal to the oracle answer and 0 otherwise.
+REWARDS: tuple[str, ...] = ("gym", "exact")
+Reward = Literal["gym", "exact"]
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
@@ -93,10 +99,10 @@ def score_completion(dataset: str, text: str, entry: dict[str, Any],
             unknown.
     """
     answer = extract_answer(text, str(entry.get("answer")))
+    if reward not in REWARDS:
+        raise ValueError(f"unknown reward {reward!r}; expected one of {REWARDS}")
     if reward == "exact":
         return 1.0 if exact_match(answer, str(entry.get("answer"))) else 0.0
-    if reward != "gym":
-        raise ValueError(f"unknown reward {reward!r}; expected 'gym' or 'exact'")
     try:
         value = float(_score_fn(dataset)(answer, entry))
     except Exception:  # noqa: BLE001 - a scorer crash on odd input means "wrong"

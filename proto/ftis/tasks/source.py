@@ -9,12 +9,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from ftis.tasks.scoring import REWARDS, Reward, score_completion
 from ftis.tasks.split import HeldoutSplit, SplitPart
 
-#: Reward functions (see :func:`ftis.tasks.scoring.score_completion`): ``gym`` is the
-#: dataset's own ``score_answer`` (partial credit on some datasets), ``exact`` is 1 for
-#: an extracted answer equal to the oracle answer and 0 otherwise.
-REWARDS = ("gym", "exact")
+__all__ = ["DEFAULT_TASKS", "REWARDS", "TaskEntry", "TaskSource", "TaskSpec"]
 
 
 class TaskSpec(BaseModel):
@@ -32,14 +30,7 @@ class TaskSpec(BaseModel):
     dataset: str
     weight: float = Field(default=1.0, gt=0)
     config: dict[str, Any] = Field(default_factory=dict)
-    reward: str = Field(default="gym", description="gym | exact")
-
-    @field_validator("reward")
-    @classmethod
-    def _reward(cls, name: str) -> str:
-        if name not in REWARDS:
-            raise ValueError(f"unknown reward {name!r}; expected one of {REWARDS}")
-        return name
+    reward: Reward = "gym"
 
     @field_validator("dataset")
     @classmethod
@@ -96,8 +87,6 @@ class TaskEntry:
 
     def score(self, text: str) -> float:
         """Reward in [0, 1] of a completion's text under this entry's reward function."""
-        from ftis.tasks.scoring import score_completion
-
         return score_completion(self.dataset, text, self.as_entry(), self.reward)
 
 

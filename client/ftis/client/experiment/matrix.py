@@ -406,6 +406,18 @@ def _check_spec(cdir: Path, spec: dict, label: str) -> None:
             "use another --out, or delete the folder to run it again")
 
 
+def _done_or_fresh(cdir: Path, spec: dict, label: str) -> bool:
+    """True if ``cdir`` holds a finished run of ``spec`` (``CellMismatchError`` if it was
+    run with other settings); otherwise empty ``cdir``, write ``spec.json``, False."""
+    if (cdir / "DONE").exists():
+        _check_spec(cdir, spec, label)
+        return True
+    shutil.rmtree(cdir, ignore_errors=True)
+    cdir.mkdir(parents=True)
+    (cdir / "spec.json").write_text(json.dumps(spec, indent=1))
+    return False
+
+
 def _run_swarm(cfg: ExperimentConfig, cdir: Path, label: str, coordinator: dict,
                specs: list[ClientSpec],
                on_progress: Callable[[int], None] | None = None) -> None:
@@ -442,12 +454,7 @@ def run_pretrain(cfg: ExperimentConfig, pairing: str, k: int, role: ClientRole, 
                                  checkpoint_every=pre.rounds), role.extra_args)
     spec = _spec(pdir, coordinator, {role.name: args})
     label = f"pre-phase {pdir.name}"
-    if (pdir / "DONE").exists():
-        _check_spec(pdir, spec, label)
-    else:
-        shutil.rmtree(pdir, ignore_errors=True)
-        pdir.mkdir(parents=True)
-        (pdir / "spec.json").write_text(json.dumps(spec, indent=1))
+    if not _done_or_fresh(pdir, spec, label):
         _run_swarm(cfg, pdir, label, coordinator, [ClientSpec(role.name, args)])
         (pdir / "DONE").write_text("ok\n")
     return pdir / role.name / "checkpoints"
@@ -481,18 +488,13 @@ def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
     spec = _spec(cdir, coordinator, args,
                  {"eval": cfg.eval.model_dump() if cfg.eval_every else None, "pretrain": pre})
     label = f"cell {cell['name']}"
-    if (cdir / "DONE").exists():
-        _check_spec(cdir, spec, label)
-    else:
-        shutil.rmtree(cdir, ignore_errors=True)
-        cdir.mkdir(parents=True)
+    if not _done_or_fresh(cdir, spec, label):
         for k, role in cell["roles"]:
             if role.role == "partner" and role.pretrain:
                 ckpt = run_pretrain(cfg, cell["source"], k, role, cell["seed"], out)
                 _link_checkpoint(ckpt, cdir / role.name / "checkpoints")
         if cfg.eval_every:
             eval_file.write_text(cfg.eval.model_dump_json())
-        (cdir / "spec.json").write_text(json.dumps(spec, indent=1))
         specs = [ClientSpec(name, a) for name, a in args.items()]
         _run_swarm(cfg, cdir, label, coordinator, specs, on_progress)
         for _, role in cell["roles"]:  # weights + AdamW state: ~1.6 GB per 135M model
