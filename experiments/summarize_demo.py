@@ -10,13 +10,17 @@ Raw results: ``experiments/results/demo/seed<N>/report.json`` (and the run's
 ``report.md`` and ``rewards.png``), exactly as ``make demo SEED=N`` wrote them. The
 table between ``<!-- table:demo -->`` and ``<!-- /table -->`` in docs/demo.md has one
 row per seed and client: greedy pass@1 (McNemar) and sampled pass@1 (sign-flip) before
-and after, and the wall time.
+and after, each with its 95 % interval and test, and the wall time. The greedy interval
+is the Wald interval of a difference of paired proportions from the discordant counts
+(Agresti, "Categorical Data Analysis", 3rd ed., section 11.1.3):
+``(gained - lost) / n +- 1.96 sqrt(gained + lost - (gained - lost)^2 / n) / n``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shutil
 import sys
@@ -39,11 +43,19 @@ def collect(run: Path, results: Path = RESULTS) -> Path:
     return dest
 
 
+def paired_proportion_ci(gained: int, lost: int, n: int) -> tuple[float, float]:
+    """95 % Wald interval of ``after - before`` for paired binary outcomes."""
+    d = (gained - lost) / n
+    se = math.sqrt(max(gained + lost - (gained - lost) ** 2 / n, 0.0)) / n
+    return d - 1.96 * se, d + 1.96 * se
+
+
 def table(results: Path = RESULTS) -> str:
     """The markdown table of every committed seed (a placeholder when there is none)."""
-    head = ("| seed | client | greedy before → after | McNemar p | sampled before → after "
-            "[95 % CI of the change] | sign-flip p | primary significant | wall s |\n"
-            "|---:|---|---|---:|---|---:|---|---:|\n")
+    head = ("| seed | client | n prompts | greedy before → after [95 % CI of the change] | "
+            "McNemar p | sampled before → after [95 % CI of the change] | sign-flip p | "
+            "primary significant | wall s |\n"
+            "|---:|---|---:|---|---:|---|---:|---|---:|\n")
     rows = []
     for path in sorted(results.glob("seed*/report.json"),
                        key=lambda p: int(p.parent.name.removeprefix("seed"))):
@@ -52,18 +64,20 @@ def table(results: Path = RESULTS) -> str:
         for name, c in r["clients"].items():
             g, s = c.get("greedy"), c.get("sampled")
             if not g or not s:
-                rows.append(f"| {r['settings']['seed']} | {name} | – | – | – | – | – | – |")
+                rows.append(f"| {r['settings']['seed']} | {name} | – | – | – | – | – | – | – |")
                 continue
             sig = ("yes" if primary["significant"] else "**no**") if name == primary[
                 "client"] else "(secondary)"
+            lo, hi = paired_proportion_ci(g["gained"], g["lost"], g["n"])
             rows.append(
-                f"| {r['settings']['seed']} | {name} | {g['before']:.3f} → {g['after']:.3f} "
-                f"(+{g['gained']}/−{g['lost']}) | {g['p_value']:.2g} | "
+                f"| {r['settings']['seed']} | {name} | {g['n']} | {g['before']:.3f} → "
+                f"{g['after']:.3f} (+{g['gained']}/−{g['lost']}) [{lo:+.3f}, {hi:+.3f}] | "
+                f"{g['p_value']:.2g} | "
                 f"{s['before']:.3f} → {s['after']:.3f} [{s['ci_low']:+.3f}, "
                 f"{s['ci_high']:+.3f}] | {s['p_value']:.2g} | {sig} | "
                 f"{r['wall_seconds']:.0f} |")
     if not rows:
-        rows = ["| – | not yet run | | | | | | |"]
+        rows = ["| – | not yet run | | | | | | | |"]
     return head + "\n".join(rows) + "\n"
 
 

@@ -14,7 +14,7 @@ def _module():
 
 
 def _report(seed, significant):
-    g = {"before": 0.5, "after": 0.75, "gained": 40, "lost": 7, "p_value": 1.2e-6}
+    g = {"n": 132, "before": 0.5, "after": 0.75, "gained": 40, "lost": 7, "p_value": 1.2e-6}
     s = {"before": 0.25, "after": 0.5, "ci_low": 0.2, "ci_high": 0.3, "p_value": 5e-5}
     return {"settings": {"seed": seed}, "wall_seconds": 700.4,
             "heldout": {"client": "full", "significant": significant},
@@ -29,9 +29,10 @@ def test_table_rows_from_reports(tmp_path):
     text = "# Demo\n<!-- table:demo -->\nold\n<!-- /table -->\nafter\n"
     out = mod.regenerate(text, tmp_path)
     rows = [line for line in out.splitlines() if line.startswith("| 0") or line.startswith("| 1")]
-    assert rows[0] == ("| 0 | full | 0.500 → 0.750 (+40/−7) | 1.2e-06 | 0.250 → 0.500 "
-                       "[+0.200, +0.300] | 5e-05 | yes | 700 |")
-    assert rows[1] == "| 0 | lora | – | – | – | – | – | – |"
+    # greedy: d = 33/132 = 0.25, se = sqrt(47 - 33**2/132)/132 = sqrt(38.75)/132 = 0.04716
+    assert rows[0] == ("| 0 | full | 132 | 0.500 → 0.750 (+40/−7) [+0.158, +0.342] | 1.2e-06 "
+                       "| 0.250 → 0.500 [+0.200, +0.300] | 5e-05 | yes | 700 |")
+    assert rows[1] == "| 0 | lora | – | – | – | – | – | – | – |"
     assert "| **no** |" in rows[2]
     assert out.endswith("<!-- /table -->\nafter\n") and "old" not in out
     with pytest.raises(ValueError):

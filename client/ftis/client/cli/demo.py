@@ -6,7 +6,8 @@ The settings and why (measured on the embedded SmolLM2-135M-Instruct; docs/demo.
 
 * Tasks: ReasoningGYM ``products`` and ``chain_sum``, two 1-digit terms, exact-match
   (binary) reward. Sampled accuracy at T = 0.7 is about 0.33 on both against greedy
-  0.50-0.58, and 70-95 % of groups have mixed rewards: headroom GRPO can use in minutes.
+  0.50-0.58, and (issue 11's measurement) 71-96 % of groups have mixed rewards:
+  headroom GRPO can use in minutes.
   One-digit products alone have only 100 distinct prompts, too few for a training part
   and a held-out part of 100+ prompts disjoint by operands; the two datasets together
   have 300.
@@ -14,8 +15,9 @@ The settings and why (measured on the embedded SmolLM2-135M-Instruct; docs/demo.
   are never leased; the evaluation takes every distinct held-out prompt (about 130).
 * Temperature 0.7, G = 8, I = 4 local + J = 2 external groups, 32 new tokens.
 * Learning rates 1e-5 (full) and 3e-4 (LoRA r = 16): Adam moves each weight by about
-  the learning rate per step; 2e-6 left the largest learner/generator ratio at 1.1
-  after 10 rounds, 1e-5 moved greedy held-out accuracy in the project's earlier runs.
+  the learning rate per step; 2e-6 left the largest learner/generator ratio at
+  1.08-1.12 after 10 rounds (issue 11), 1e-5 moved greedy held-out accuracy in the
+  project's earlier runs.
 * Primary result, fixed before the first run: the full client's sampled pass@1 (k = 4,
   T = 0.7) before vs after, two-sided paired sign-flip test over prompts; greedy
   pass@1 (McNemar) for both clients is secondary.
