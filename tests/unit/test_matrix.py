@@ -12,6 +12,7 @@ from script_loader import load_script
 
 from ftis.client.experiment import matrix, report
 from ftis.client.experiment.matrix import (
+    PARTNER_ROUND_FACTOR,
     CellMismatchError,
     ExperimentConfig,
     analysis,
@@ -136,7 +137,8 @@ def test_partner_local_groups_and_pretrain_rounds():
     cell = by_name(cfg)["drift__ftis__s0"]
     pa = args_of(cfg, cell, "p")
     assert flag(pa, "--local-groups") == "3"
-    assert flag(pa, "--rounds") == "7"  # 5 pre-phase rounds, then the cell's 2
+    # 5 pre-phase rounds, then open-ended: the cell stops it when the learner is done
+    assert flag(pa, "--rounds") == str(5 + PARTNER_ROUND_FACTOR * 2)
     assert flag(args_of(cfg, cell, "learner"), "--rounds") == "2"
 
 
@@ -219,18 +221,28 @@ def test_pilot_cells_are_cells_of_the_main_run():
 
 # -------------------------------------------------------------- running (faked) cells
 class _Proc:
-    returncode = 0
+    """A finished client, or (``running``) one that runs until the swarm stops it."""
 
-    def poll(self) -> int:
-        return 0
+    def __init__(self, running: bool = False):
+        self.returncode = None if running else 0
+
+    def poll(self) -> int | None:
+        return self.returncode
 
 
 class _Swarm:
-    def __init__(self, names):
-        self.clients = {n: _Proc() for n in names}
+    """Partners (``--method on_policy`` without ``--eval-every``) never finish alone."""
+
+    def __init__(self, specs):
+        self.clients = {s.name: _Proc(running=flag(s.args, "--eval-every") is None
+                                      and len(specs) > 1) for s in specs}
+        self.stopped = False
 
     def stop(self) -> None:
-        pass
+        self.stopped = True
+        for p in self.clients.values():
+            if p.returncode is None:
+                p.returncode = -15
 
 
 END = {("solo", "alone_batch_matched"): [0.5, 0.4, 0.6], ("hot", "tis"): [0.5, 0.5, 0.6],
@@ -276,7 +288,9 @@ def fake_launch(monkeypatch):
             ck.mkdir(parents=True, exist_ok=True)
             (ck / "trainable.safetensors").write_text("w")
             (d / "checkpoints" / "latest").write_text(ck.name)
-        return _Swarm([s.name for s in specs])
+        swarm = _Swarm(specs)
+        calls[-1]["swarm"] = swarm
+        return swarm
 
     monkeypatch.setattr(matrix, "launch", launch)
     return calls
@@ -295,7 +309,9 @@ def test_run_cell_writes_settings_and_is_resumable(tmp_path, fake_launch):
     assert (cdir / "DONE").exists() and (cdir / "spec.json").exists()
     assert json.loads((cdir / "eval.json").read_text())["size"] == 4
     assert not (cdir / "learner" / "checkpoints").exists()  # removed after the cell
-    assert len(rows) == 4
+    # the cell ended when the learner finished; the still-running partner was stopped
+    assert call["swarm"].stopped and call["swarm"].clients["partner"].returncode == -15
+    assert len(rows) == 2 + 2 * PARTNER_ROUND_FACTOR
     learner = [r for r in rows if r["client"] == "learner"]
     assert {(r["arm"], r["method"], r["role"], r["mix"]) for r in learner} == {
         ("ftis_old_gate", "ftis", "learner", "2-2")}
@@ -347,7 +363,8 @@ def test_run_experiment_end_to_end_with_fake_swarms(tmp_path, fake_launch):
     assert "| hot | learner | ftis − alone_batch_matched | 3 | +0.133 | [+0.100, +0.200] | " \
            "0.250 | 0.750 |" in text
     rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert len(rows) == 3 * (2 + 2 + 1) * 2  # seeds × clients over the arms × rounds
+    # seeds × (3 learners × 2 rounds + 2 partners, each run open-ended)
+    assert len(rows) == 3 * (3 * 2 + 2 * 2 * PARTNER_ROUND_FACTOR)
     run_experiment(cfg, tmp_path)  # resumed: every cell reused
     assert len(fake_launch) == 9
 

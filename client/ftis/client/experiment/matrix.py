@@ -360,10 +360,13 @@ def client_args(cfg: ExperimentConfig, cell: dict, role: ClientRole, k: int,
             args += ["--eval-every", str(cfg.eval_every), "--eval-config", str(eval_file)]
         args = merge_args(args, arm.args)
     else:
+        # a partner runs until its cell's learners are done (run_cell stops it then), so
+        # the learners see external groups in every round however fast the partner is
         pre = role.pretrain.rounds if role.pretrain else 0
         args = _base_args(cfg, role, method="on_policy",
                           local=cfg.partner_local_groups(role), external=0,
-                          rounds=pre + cfg.rounds, seed=seed, checkpoint_every=cfg.rounds)
+                          rounds=pre + PARTNER_ROUND_FACTOR * cfg.rounds, seed=seed,
+                          checkpoint_every=PARTNER_ROUND_FACTOR * cfg.rounds)
     return merge_args(args, role.extra_args)
 
 
@@ -378,6 +381,11 @@ def coordinator_config(cfg: ExperimentConfig, seed: int,
     if tasks is None and cfg.heldout_fraction > 0:
         out["heldout_fraction"] = cfg.heldout_fraction
     return out
+
+
+#: a partner's round budget, in multiples of the cell's rounds; it is stopped as soon as
+#: the learners finish, so this only has to outlast them
+PARTNER_ROUND_FACTOR = 10
 
 
 class CellMismatchError(RuntimeError):
@@ -420,21 +428,30 @@ def _done_or_fresh(cdir: Path, spec: dict, label: str) -> bool:
 
 def _run_swarm(cfg: ExperimentConfig, cdir: Path, label: str, coordinator: dict,
                specs: list[ClientSpec],
-               on_progress: Callable[[int], None] | None = None) -> None:
+               on_progress: Callable[[int], None] | None = None,
+               wait_for: set[str] | None = None) -> None:
+    """Run ``specs`` against a fresh coordinator until every client in ``wait_for``
+    (default: all) has exited; the others (partners) are then stopped. Raises
+    ``RuntimeError`` if a waited-for client exits non-zero, ``TimeoutError`` past the
+    cell timeout."""
+    waited = [s for s in specs if wait_for is None or s.name in wait_for]
     coord_cfg = cdir / "coordinator.json"
     coord_cfg.write_text(json.dumps(coordinator))
     swarm = launch(cdir, specs, threads_per_client=cfg.threads_per_client,
                    coordinator_args=["--config", str(coord_cfg)])
     try:
         deadline = time.monotonic() + cfg.cell_timeout_min * 60
-        while any(p.poll() is None for p in swarm.clients.values()):
+        while any(swarm.clients[s.name].poll() is None for s in waited):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{label} exceeded {cfg.cell_timeout_min} min")
             if on_progress:
                 on_progress(min(len(read_metrics(cdir / s.name / "metrics.jsonl"))
-                                for s in specs))
+                                for s in waited))
             time.sleep(2.0)
-        codes = {n: p.returncode for n, p in swarm.clients.items()}
+        codes = {s.name: swarm.clients[s.name].returncode for s in waited}
+        # a partner that died early starved the learners of external groups
+        codes.update({n: p.returncode for n, p in swarm.clients.items()
+                      if n not in codes and p.poll() is not None})
     finally:
         swarm.stop()
     if any(codes.values()):
@@ -496,7 +513,8 @@ def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
         if cfg.eval_every:
             eval_file.write_text(cfg.eval.model_dump_json())
         specs = [ClientSpec(name, a) for name, a in args.items()]
-        _run_swarm(cfg, cdir, label, coordinator, specs, on_progress)
+        learners = {role.name for _, role in cell["roles"] if role.role == "learner"}
+        _run_swarm(cfg, cdir, label, coordinator, specs, on_progress, wait_for=learners)
         for _, role in cell["roles"]:  # weights + AdamW state: ~1.6 GB per 135M model
             shutil.rmtree(cdir / role.name / "checkpoints", ignore_errors=True)
         (cdir / "DONE").write_text("ok\n")
