@@ -10,9 +10,19 @@ ROUNDS ?= 30
 SEED ?= 0
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup test test-fast demo bench bench-learner experiments proto lint clean
+.PHONY: setup test test-fast demo bench bench-learner bench-coordinator experiments proto lint clean
 
 setup: $(STAMP)
+	@# A PostgreSQL server for the storage tests (Debian's package, run by the tests as an
+	@# unprivileged user in a temp dir); skipped when present or FTIS_SKIP_POSTGRES=1.
+	@if [ "$$FTIS_SKIP_POSTGRES" != 1 ] && ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 \
+		&& ! command -v postgres >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing PostgreSQL (apt-get install postgresql)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+		else echo "no PostgreSQL server: install Debian's postgresql package (as root)" \
+			"or set FTIS_SKIP_POSTGRES=1 to skip its tests" >&2; fi; fi
 
 $(STAMP): constraints.txt proto/pyproject.toml coordinator/pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +56,15 @@ bench: bench-learner
 bench-learner: setup
 	$(PIP) -e "client[bench]"
 	$(BIN)/python bench/learner_vs_trl.py --reps 3 --threads 1
+
+# The coordinator under a closed-loop load of N volunteers (real identities, SmolLM2
+# tokenizer uploaded, signed LeaseTasks -> SubmitBundle -> PullBundles on grpc.aio):
+# verified bundles/s, p50/p99 per RPC, errors by code, coordinator CPU/RSS, generator CPU;
+# SQLite (and PostgreSQL with --workers 2 when available). N = 1,8,32,128, 20 s each
+# (~2 min per configuration); the last line is bundles_per_s=X p99_submit_ms=Y at
+# N = 32 (docs/benchmarks.md).
+bench-coordinator: setup
+	$(BIN)/python bench/coordinator_load.py
 
 # The experiment matrices of docs/results.md, then its tables (experiments/summarize.py
 # copies each run's raw results to experiments/results/ID and rewrites the tables).

@@ -13,6 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# A real PostgreSQL server (fixtures postgres_server, postgres_url, postgres_database),
+# started once per session by the tests that ask for it.
+pytest_plugins = ["ftis.coordinator.testing.postgres"]
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):

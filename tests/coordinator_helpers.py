@@ -5,6 +5,7 @@ text checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import hashlib
@@ -14,9 +15,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ftis.coordinator.config import CoordinatorConfig
-from ftis.coordinator.service import Coordinator
-from ftis.coordinator.state.base import LeaseRecord
+from ftis.coordinator.handlers import admin, bundles, feedback, leases, nodes, relay
+from ftis.coordinator.handlers.context import Context
+from ftis.coordinator.reputation import ReputationConfig
+from ftis.coordinator.state.base import BundleRecord, EvidenceRecord, LeaseRecord, NodeRecord
 from ftis.coordinator.state.sql import SqlState, dump_tables
+from ftis.coordinator.verify import check_node_record
 from ftis.protocol.auth import sign_request
 from ftis.protocol.envelope import seal
 from ftis.protocol.fingerprint import tokenizer_fingerprint
@@ -70,6 +74,108 @@ def make_config(**overrides: Any) -> CoordinatorConfig:
     }
     values.update(overrides)
     return CoordinatorConfig(**values)
+
+
+class Coordinator:
+    """The handlers (:mod:`ftis.coordinator.handlers`) bound to one :class:`Context`, with
+    node ids where the servicers pass authenticated records: a test-side adapter, so
+    tests read like the operations they exercise. Calls with a node id check that the
+    node is registered and not banned (NODE_UNKNOWN / NODE_BANNED), as the servicers'
+    authentication does."""
+
+    def __init__(self, config: CoordinatorConfig, state: SqlState, clock: FakeClock) -> None:
+        self.ctx = Context.create(config, state, clock)
+        self.state, self.clock = state, clock
+
+    @property
+    def config(self) -> CoordinatorConfig:
+        return self.ctx.config
+
+    @config.setter
+    def config(self, value: CoordinatorConfig) -> None:
+        self.ctx.config = value
+
+    @property
+    def quotas(self) -> Any:
+        return self.ctx.quotas
+
+    @property
+    def tokenizers(self) -> Any:
+        return self.ctx.tokenizers
+
+    @property
+    def reputation_config(self) -> ReputationConfig:
+        return self.ctx.policy
+
+    def node(self, node_id: str) -> NodeRecord:
+        return check_node_record(self.state.get_node(node_id), node_id)
+
+    def authenticate(self, request: Any, method: str) -> NodeRecord:
+        return nodes.authenticate(self.ctx, request, method)
+
+    def register(self, envelope: bundle_pb2.SignedEnvelope, peer: str = "") -> NodeRecord:
+        return nodes.register(self.ctx, envelope, peer)
+
+    def tokenizer_known(self, fingerprint: str) -> bool:
+        return nodes.tokenizer_known(self.ctx, fingerprint)
+
+    def upload_tokenizer(self, node_id: str, fingerprint: str, gz: bytes) -> bool:
+        return nodes.upload_tokenizer(self.ctx, self.node(node_id), fingerprint, gz)
+
+    def heartbeat(self, node_id: str, policy_version: int) -> int:
+        return nodes.heartbeat(self.ctx, self.node(node_id), policy_version)[0]
+
+    def lease_tasks(self, node_id: str, count: int, group_size: int,
+                    max_new_tokens: int) -> list[LeaseRecord]:
+        return leases.lease_tasks(self.ctx, self.node(node_id), count, group_size,
+                                  max_new_tokens)
+
+    def submit_bundle(self, envelope: Any) -> BundleRecord:
+        return bundles.submit_bundle(self.ctx, envelope)
+
+    def pull_bundles(self, node_id: str, cursor: int, max_bundles: int,
+                     tokenizer_fingerprint: str = "",
+                     skip_zero_variance: bool = False) -> tuple[list[BundleRecord], int]:
+        page = relay.pull_bundles(self.ctx, self.node(node_id), cursor, max_bundles,
+                                  tokenizer_fingerprint, skip_zero_variance)
+        return [dataclasses.replace(b, sender_reputation=r) for b, r in
+                zip(page.bundles, page.sender_reputations, strict=True)], page.next_cursor
+
+    def report_metrics(self, node_id: str, step: int, values: dict[str, float],
+                       feedback_entries: Sequence[swarm_pb2.SenderFeedback] = ()) -> None:
+        feedback.report_metrics(self.ctx, self.node(node_id), step, values, feedback_entries)
+
+    def evidence(self, node_id: str, limit: int = admin.EVIDENCE_SHOWN) -> list[EvidenceRecord]:
+        return admin.evidence(self.ctx, node_id, limit)
+
+    def reputation_of(self, node: NodeRecord) -> float:
+        return admin.reputation_of(self.ctx, node)
+
+    def set_reputation_config(self, cfg: ReputationConfig) -> ReputationConfig:
+        return admin.set_reputation_policy(self.ctx, cfg)
+
+    def ban(self, id_or_prefix: str, reason: str = "") -> NodeRecord:
+        return admin.ban(self.ctx, id_or_prefix, reason)
+
+    def unban(self, id_or_prefix: str) -> NodeRecord:
+        return admin.unban(self.ctx, id_or_prefix)
+
+    def flush_seen(self) -> None:
+        """Write buffered last-seen times (the server does this every few seconds)."""
+        self.ctx.seen.flush(self.state)
+
+
+def verify_only(coord: Coordinator, envelope: Any) -> Any:
+    """Run every bundle check against the current state and write nothing; returns the
+    :class:`~ftis.coordinator.verify.VerifiedBundle`."""
+    from ftis.coordinator.verify import check_submission, open_bundle
+
+    now = coord.clock()
+    opened = open_bundle(envelope, max_bundle_bytes=coord.config.max_bundle_bytes)
+    snap = coord.state.submission_snapshot(opened.sender_id, opened.bundle.task_id,
+                                           opened.bundle_id, now, now)
+    tok = coord.tokenizers.get(snap.node.fingerprint) if snap.node else None
+    return check_submission(opened, snap, now_ms=now, tokenizer=tok)
 
 
 def make_coordinator(

@@ -28,6 +28,7 @@ from coordinator_helpers import (
 
 from ftis.protocol.envelope import open_envelope, seal
 from ftis.protocol.errors import ErrorCode
+from ftis.protocol.exit_codes import ExitCode
 from ftis.protocol.identity import NodeIdentity
 from ftis.tasks.source import DEFAULT_TASKS, TaskSource
 from ftis.v1 import bundle_pb2, swarm_pb2, swarm_pb2_grpc
@@ -295,7 +296,7 @@ def test_server_end_to_end(tmp_path: Path) -> None:
         assert _admin_json(admin, "stats")["quarantined_nodes"] == 2
         assert len(pull(bob).bundles) == 0
         bad_policy = _admin(admin, "reputation", "set", "--half-life-s", "0", "--json")
-        assert bad_policy.returncode == 1
+        assert bad_policy.returncode == ExitCode.ADMIN_ERROR_RESPONSE
         assert json.loads(bad_policy.stdout)["error"]["name"] == "REQUEST_INVALID"
         _admin_json(admin, "reputation", "set", "--probation-threshold", "0.45")
         assert len(pull(bob).bundles) == 0  # hysteresis: leaves above 0.45 + 0.05 only
@@ -316,16 +317,17 @@ def test_server_end_to_end(tmp_path: Path) -> None:
         assert unbanned["node"]["banned"] is False
 
         missing = _admin(admin, "nodes", "show", "zzzz")
-        assert missing.returncode == 1 and "NODE_UNKNOWN" in missing.stderr
+        assert missing.returncode == ExitCode.ADMIN_ERROR_RESPONSE
+        assert "NODE_UNKNOWN" in missing.stderr
         missing_json = _admin(admin, "ban", "zzzz", "--json")
-        assert missing_json.returncode == 1
+        assert missing_json.returncode == ExitCode.ADMIN_ERROR_RESPONSE
         assert json.loads(missing_json.stdout)["error"]["name"] == "NODE_UNKNOWN"
         table = _admin(admin, "nodes", "list")
         assert table.returncode == 0 and alice.node_id in table.stdout
         for command in (["stats"], ["bundles", "list"], ["nodes", "show", bob.node_id]):
             assert _admin(admin, *command).returncode == 0, command
 
-        # A port that is taken: exit code 3.
+        # A port that is taken: COORDINATOR_BIND.
         busy_dir = tmp_path / "busy"
         busy_dir.mkdir()
         busy = subprocess.run(
@@ -345,24 +347,24 @@ def test_server_end_to_end(tmp_path: Path) -> None:
             text=True,
             timeout=60,
         )
-        assert busy.returncode == 3, busy.stderr
+        assert busy.returncode == ExitCode.COORDINATOR_BIND, busy.stderr
         channel.close()
     finally:
         returncode = _stop(proc)
     assert returncode == 0
 
 
-def test_admin_cli_unreachable_exits_3() -> None:
+def test_admin_cli_unreachable_exit_code() -> None:
     result = _admin("127.0.0.1:1", "--timeout", "1", "stats", "--json")
-    assert result.returncode == 3
+    assert result.returncode == ExitCode.ADMIN_UNREACHABLE
     assert "cannot reach" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
     ("args", "code"),
     [
-        (["--listen", "nonsense"], 2),
-        (["--db", "/nonexistent-dir/sub/coord.db"], 4),
+        (["--listen", "nonsense"], ExitCode.USAGE),
+        (["--db", "/nonexistent-dir/sub/coord.db"], ExitCode.COORDINATOR_DATABASE),
     ],
 )
 def test_serve_exit_codes(tmp_path: Path, args: list[str], code: int) -> None:

@@ -143,3 +143,94 @@ def test_groups_are_built_from_the_bundle():
     assert group.meta["bundle_id"] == "b7"
     with pytest.raises(ValueError):
         RolloutGroup.from_bundle(bundle, [1.0], local=True)
+
+
+def test_rejections_carry_named_codes_and_only_the_senders_faults_count():
+    from ftis.protocol.errors import ErrorCode, LocalErrorCode
+
+    me, peer, other = (NodeIdentity.generate() for _ in range(3))
+    pool = ExternalPool(me.node_id, 100, FP, decode=lambda ids: "x y")
+    tampered = _relayed(peer, 1)
+    tampered.envelope.payload = tampered.envelope.payload[:-1] + bytes(
+        [tampered.envelope.payload[-1] ^ 1])
+    foreign_id = _relayed(peer, 5)
+    bundle = bundle_pb2.Bundle()
+    bundle.ParseFromString(foreign_id.envelope.payload)
+    bundle.node_id = other.node_id  # signed by peer, claims to be other
+    foreign_id.envelope.CopyFrom(seal("bundle", bundle, peer))
+    short_rewards = _relayed(peer, 6)
+    del short_rewards.verified_rewards[1:]
+    lying = _relayed(peer, 7)
+    bundle = bundle_pb2.Bundle()
+    bundle.ParseFromString(lying.envelope.payload)
+    bundle.completions[0].text = "7"
+    lying.envelope.CopyFrom(seal("bundle", bundle, peer))
+    cases = [
+        (tampered, ErrorCode.SIGNATURE_INVALID),
+        (_relayed(me, 2), LocalErrorCode.RELAY_OWN_BUNDLE),
+        (_relayed(peer, 3, fingerprint="cd" * 32), LocalErrorCode.TOKENIZER_FOREIGN),
+        (_relayed(peer, 4, token=100), ErrorCode.TOKEN_OUT_OF_VOCAB),
+        (foreign_id, ErrorCode.NODE_MISMATCH),
+        (short_rewards, LocalErrorCode.RELAY_REWARDS_MISMATCH),
+        (lying, ErrorCode.TEXT_MISMATCH),
+    ]
+    for relayed, code in cases:
+        before = pool.rejected_by_code[code]
+        assert not pool.add(relayed)
+        assert pool.rejected_by_code[code] == before + 1, code
+    assert pool.rejected == len(cases) == sum(pool.rejected_by_code.values())
+    invalid, mismatched = pool.drain_rejections()
+    # only what the sender signed counts against it: out-of-vocabulary tokens and a node
+    # id that is not its own; never the receiver itself (feedback about oneself is refused)
+    assert invalid == {peer.node_id: 2} and mismatched == {peer.node_id: 1}
+
+
+def test_a_foreign_bundle_that_cannot_be_retokenized_is_not_held_against_the_sender():
+    from ftis.protocol.errors import LocalErrorCode
+
+    me, peer = NodeIdentity.generate(), NodeIdentity.generate()
+    # no task question: re-tokenizing fails before the retokenizer is used
+    pool = ExternalPool(me.node_id, 100, FP, retokenizer=object())
+    assert not pool.add(_relayed(peer, 1, fingerprint="cd" * 32))
+    assert pool.rejected_by_code == {LocalErrorCode.RETOKENIZE_FAILED: 1}
+    assert pool.drain_rejections() == ({}, {})
+
+
+def test_local_error_codes_are_named_never_sent_and_documented():
+    import ast
+    import re
+    from pathlib import Path
+
+    from ftis.protocol.errors import (
+        LOCAL_ERROR_CODES,
+        ErrorCode,
+        FtisError,
+        LocalErrorCode,
+        code_name,
+    )
+
+    assert LOCAL_ERROR_CODES and all(170 <= c < 180 for c in LOCAL_ERROR_CODES)
+    assert not set(LOCAL_ERROR_CODES) & set(ErrorCode.values())  # free in the wire enum
+    assert code_name(LocalErrorCode.RELAY_OWN_BUNDLE) == "RELAY_OWN_BUNDLE"
+    assert code_name(ErrorCode.TEXT_MISMATCH) == "TEXT_MISMATCH"
+    error = FtisError(LocalErrorCode.TOKENIZER_FOREIGN, "x")
+    assert str(error) == "TOKENIZER_FOREIGN: x"
+    with pytest.raises(ValueError):
+        error.to_proto()
+    assert FtisError(ErrorCode.NODE_MISMATCH, "y").to_proto().code == ErrorCode.NODE_MISMATCH
+
+    root = Path(__file__).resolve().parents[2]
+    rows = dict(re.findall(r"^\| (\d+) \| `([A-Z_]+)` \|", (root / "docs" / "error-codes.md")
+                           .read_text(), re.MULTILINE))
+    expected = {str(v): k for k, v in ErrorCode.items()} | {
+        str(v): k for v, k in LOCAL_ERROR_CODES.items()}
+    assert rows == expected
+
+    # no bare numbers: every FtisError in the programs' source names its code
+    for directory in ("client/ftis/client", "coordinator/ftis/coordinator", "proto/ftis"):
+        for path in (root / directory).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and node.func.id == "FtisError" and node.args
+                        and isinstance(node.args[0], ast.Constant)):
+                    raise AssertionError(f"{path}:{node.lineno}: FtisError with a bare number")

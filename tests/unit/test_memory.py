@@ -174,9 +174,9 @@ def test_budget_refusal_suggests_lighter_peft_when_weights_matter():
 def test_cli_refuses_before_connecting(tmp_path, tiny_model_dir, monkeypatch):
     from typer.testing import CliRunner
 
-    from ftis.client.cli import exit_codes
     from ftis.client.cli.main import app
     from ftis.client.swarm import connection
+    from ftis.protocol.exit_codes import ExitCode
 
     def boom(*a, **k):  # noqa: ANN002, ANN003
         raise AssertionError("tried to connect")
@@ -188,19 +188,19 @@ def test_cli_refuses_before_connecting(tmp_path, tiny_model_dir, monkeypatch):
         "--coordinator", "127.0.0.1:9", "--key-file", str(key), "--out", str(tmp_path / "o"),
         "--rounds", "1", "--peft", "qlora", "--lora-targets", "q_proj,v_proj",
         "--lora-dropout", "0.05", "--qlora-double-quant", "--micro-batch-size", "2"])
-    assert result.exit_code == exit_codes.MEMORY_BUDGET == 6, result.output
+    assert result.exit_code == ExitCode.CLIENT_MEMORY_BUDGET == 53, result.output
     out = " ".join(result.output.split())
     assert "--max-memory is 10 MiB" in out and "configuration needs about" in out
     assert not key.exists()  # stopped before the node identity, model or connection
 
     bad = CliRunner().invoke(app, ["start", "--max-memory", "ten", "--model",
                                    str(tiny_model_dir), "--key-file", str(key)])
-    assert bad.exit_code == exit_codes.USAGE
+    assert bad.exit_code == ExitCode.USAGE
 
 
 def test_check_memory_passes_a_generous_budget(tiny_model_dir):
-    from ftis.client.cli import exit_codes
     from ftis.client.cli.start import check_memory
+    from ftis.protocol.exit_codes import ExitCode
 
     cfg = ClientConfig(model=str(tiny_model_dir), max_memory="64GiB")
-    assert check_memory(cfg) == exit_codes.OK
+    assert check_memory(cfg) == ExitCode.OK

@@ -82,15 +82,15 @@ def test_bundles_per_minute(monkeypatch) -> None:
     coord.submit_bundle(envelopes[0])
     coord.submit_bundle(envelopes[1])
     before = snapshot(coord)
-    # checked right after the sender is known: the lease and structure are never looked at
-    monkeypatch.setattr(coord.state, "get_lease_by_task", None)
+    # counted in the database (verdicts of the last minute), so every worker sees it
     assert _code(coord.submit_bundle, envelopes[2]) == ErrorCode.RATE_LIMITED
-    monkeypatch.undo()
     assert snapshot(coord) == before
     assert coord.evidence(node.node_id)[0].kind == "rate_limited"
     assert coord.evidence(node.node_id)[0].weight == -0.5
     assert coord.state.rejections_by_code(node.node_id) == {ErrorCode.RATE_LIMITED: 1}
-    clock.advance(30)
+    clock.advance(30)  # a sliding one-minute window: both bundles still count
+    assert _code(coord.submit_bundle, envelopes[2]) == ErrorCode.RATE_LIMITED
+    clock.advance(31)
     coord.submit_bundle(envelopes[2])
     other = register(coord)  # per node
     (lease,) = coord.lease_tasks(other.node_id, 1, 2, 16)
@@ -139,7 +139,7 @@ def _register_via(service: SwarmService, identity: NodeIdentity, peer: str, now:
 def test_registration_throttling_of_new_node_ids() -> None:
     clock = FakeClock()
     coord = make_coordinator(clock, registrations_per_minute=5, registrations_per_host_per_minute=2)
-    service = SwarmService(coord)
+    service = SwarmService(coord.ctx)
     known = NodeIdentity.generate()
     assert _register_via(service, known, "ipv4:10.0.0.1:1000", clock.now_ms) == 0
     assert _register_via(service, NodeIdentity.generate(), "ipv4:10.0.0.1:1001", clock.now_ms) == 0

@@ -160,4 +160,5 @@ def test_relay_carries_the_leased_question_from_coordinator_records(coord) -> No
     page, _ = coord.pull_bundles(reader.node_id, 0, 64)
     assert [x.question for x in page] == [lease.entry.question for lease in leases]
     assert all(x.question for x in page)
-    assert relayed_bundle(page[0]).task_question == leases[0].entry.question
+    relayed = relayed_bundle(page[0], page[0].sender_reputation)
+    assert relayed.task_question == leases[0].entry.question

@@ -304,7 +304,7 @@ def test_text_mismatch_report_counts_when_the_coordinator_could_not_check(coord)
 
 
 def test_admin_views_and_unban_clears_quarantine(coord) -> None:
-    admin = AdminService(coord)
+    admin = AdminService(coord.ctx)
     node, reader = register(coord), register(coord)
     _submit(coord, node, claimed=[0.0, 1.0])
     shown = admin.GetNode(admin_pb2.GetNodeRequest(node_id=node.node_id[:10]), None)
@@ -325,14 +325,14 @@ def test_admin_views_and_unban_clears_quarantine(coord) -> None:
 def test_get_node_returns_newest_50_evidence_rows(coord) -> None:
     node = register(coord)
     _submit(coord, node, 55)
-    shown = AdminService(coord).GetNode(admin_pb2.GetNodeRequest(node_id=node.node_id), None)
+    shown = AdminService(coord.ctx).GetNode(admin_pb2.GetNodeRequest(node_id=node.node_id), None)
     assert len(shown.evidence) == 50 and not shown.node.probation
 
 
 def test_set_reputation_config_validates_persists_and_reevaluates(tmp_path, clock) -> None:
     db = f"sqlite:///{tmp_path / 'c.db'}"
     coord = make_coordinator(clock, db=db)
-    admin = AdminService(coord)
+    admin = AdminService(coord.ctx)
     node = register(coord)
     current = admin.GetReputationConfig(admin_pb2.GetReputationConfigRequest(), None).config
     assert current.quarantine_threshold == 0.3 and current.probation_bundles == 5

@@ -67,7 +67,7 @@ def test_upload_then_lease_and_register_reports_it(coord) -> None:
     assert coord.upload_tokenizer(node.node_id, tokenizer_fp(), tokenizer_gz()) is True
     assert coord.upload_tokenizer(node.node_id, tokenizer_fp(), tokenizer_gz()) is False  # again
     assert len(coord.lease_tasks(node.node_id, 1, 2, 64)) == 1
-    reply = SwarmService(coord).Register(
+    reply = SwarmService(coord.ctx).Register(
         swarm_pb2.RegisterRequest(
             envelope=register_envelope(
                 NodeIdentity.generate(), model_card(tokenizer_fp(), VOCAB), coord.clock()
@@ -205,7 +205,7 @@ def _rejected_as_proof(coord, node, bundle, code: int) -> None:
     stored = coord.state.get_node(node.node_id)
     assert stored.banned and stored.ban_reason == f"proof: {ErrorCode.Name(code)}"
     (evidence,) = coord.state.list_evidence(node.node_id, 1)
-    assert evidence.weight < 0 and "proof #" in evidence.detail
+    assert evidence.weight < 0 and "kept as proof" in evidence.detail
 
 
 def test_text_that_is_not_the_decoded_tokens(world) -> None:

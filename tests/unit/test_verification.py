@@ -20,9 +20,9 @@ from coordinator_helpers import (
     seal_bundle,
     signed,
     snapshot,
+    verify_only,
 )
 
-from ftis.coordinator.verify import verify_bundle
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import bundle_pb2
@@ -227,12 +227,7 @@ def test_order_sender_checks_come_before_lease_and_structure(world) -> None:
 def test_verify_writes_nothing(world) -> None:
     coord, node, lease = world
     before = snapshot(coord)
-    verified = verify_bundle(
-        coord.state,
-        seal_bundle(build_bundle(lease, node), node),
-        max_bundle_bytes=8192,
-        now_ms=coord.clock(),
-    )
+    verified = verify_only(coord, seal_bundle(build_bundle(lease, node), node))
     assert verified.verified_rewards == [1.0, 0.0, 1.0, 0.0]
     assert snapshot(coord) == before
 
@@ -301,18 +296,20 @@ def test_unexpected_exception_becomes_internal_and_server_goes_on(world, caplog)
     from ftis.v1 import swarm_pb2
 
     coord, node, _ = world
-    service = SwarmService(coord)
+    service = SwarmService(coord.ctx)
 
     def boom(*_args, **_kwargs):
         raise RuntimeError("disk on fire")
 
-    coord.heartbeat = boom
+    coord.ctx.seen.touch = boom
+    real_touch = type(coord.ctx.seen).touch.__get__(coord.ctx.seen)
     request = signed(
         swarm_pb2.HeartbeatRequest(node_id=node.node_id), "Heartbeat", node, coord.clock()
     )
     reply = service.Heartbeat(request, None)
     assert reply.error.code == ErrorCode.INTERNAL and "disk" not in reply.error.reason
     assert "disk on fire" in caplog.text
+    coord.ctx.seen.touch = real_touch  # the server goes on serving
     lease_request = swarm_pb2.LeaseTasksRequest(
         node_id=node.node_id, count=1, group_size=2, max_new_tokens=8
     )

@@ -14,14 +14,16 @@ its score is below its threshold: ``probation_threshold`` while it has fewer tha
 quarantine only once the score exceeds the threshold by :data:`RECOVERY_MARGIN`
 (hysteresis, so a node near the threshold does not flap).
 
-Everything here is pure (no database, no clock): :class:`SqlState` and
-:class:`~ftis.coordinator.service.Coordinator` call these functions; docs/reputation.md
-describes the whole scheme and every evidence kind.
+Everything here is pure (no database, no clock): the handlers
+(:mod:`ftis.coordinator.handlers`) decide evidence, proofs and bans with these functions
+and the state writes them (calling :func:`apply` through :func:`standing_update` with the
+node's row locked); docs/reputation.md describes the whole scheme and every evidence kind.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -295,3 +297,148 @@ def capped(weight: float, already_used: float, cfg: ReputationConfig) -> float:
     """Clip ``weight`` so that ``|weight| + already_used <= feedback_cap`` (same sign)."""
     room = max(0.0, cfg.feedback_cap - already_used)
     return math.copysign(min(abs(weight), room), weight) if weight else 0.0
+
+
+# -- decisions on the submit path (pure; the bundles handler writes them) -------------
+#: Rejections whose signed envelope is proof of misbehaviour (kept in ``proofs``).
+PROOF_CODES = frozenset({"TEXT_MISMATCH", "PROMPT_MISMATCH"})
+
+
+@dataclass(frozen=True)
+class RejectionDecision:
+    """What a rejection whose signature verified costs its signer.
+
+    Attributes:
+        evidence: the reputation event (see :func:`rejection_evidence`).
+        keep_proof: store the signed envelope as proof.
+        ban_reason: ban the signer with this reason (``auto_ban_on_proof``), or ``None``.
+    """
+
+    evidence: Evidence
+    keep_proof: bool
+    ban_reason: str | None
+
+
+def rejection_decision(code_name: str, reason: str, bundle_id: str,
+                       cfg: ReputationConfig) -> RejectionDecision:
+    """Evidence, proof and ban for a rejection by error code name (docs/reputation.md)."""
+    proof = code_name in PROOF_CODES
+    event = replace(rejection_evidence(code_name), detail=f"{code_name}: {reason}"[:2000],
+                    bundle_id=bundle_id)
+    if proof:
+        event = replace(event, detail=event.detail + " (signed envelope kept as proof)")
+    ban = f"proof: {code_name}" if proof and cfg.auto_ban_on_proof else None
+    return RejectionDecision(event, proof, ban)
+
+
+def disputed(negative_reporters: int, cfg: ReputationConfig) -> bool:
+    """Corroborated negative receiver reports on a sender (within one half-life)."""
+    return cfg.corroborating_reporters >= 2 and negative_reporters >= cfg.corroborating_reporters
+
+
+# -- receiver feedback (pure; the feedback handler reads the views and writes) ---------
+@dataclass(frozen=True)
+class FeedbackEntry:
+    """One receiver report about one sender (a decoded ``SenderFeedback``).
+
+    Attributes:
+        mean_log_ratio: mean over the sender's tokens of log pi_learner - log pi_gen
+            (nats/token).
+        filtered_frac, truncated_frac: shares of its completions the F-TIS gate dropped
+            and whose importance weight was truncated, in [0, 1].
+    """
+
+    sender_id: str
+    bundle_ids: tuple[str, ...] = ()
+    groups: int = 0
+    tokens: int = 0
+    mean_log_ratio: float = 0.0
+    filtered_frac: float = 0.0
+    truncated_frac: float = 0.0
+    text_mismatches: int = 0
+    invalid_bundles: int = 0
+
+
+@dataclass(frozen=True)
+class SenderView:
+    """What the coordinator knows about one reported sender, read before the report.
+
+    Attributes:
+        text_verified: the coordinator itself verified text == decode(tokens) on every
+            bundle the entry is about (all the sender's bundles when none are named).
+        used_positive, used_negative: feedback weight (magnitudes) the reporter already
+            put on this sender within one half-life.
+        negative_reporters: distinct reporters with negative feedback on the sender
+            within one half-life.
+    """
+
+    text_verified: bool
+    used_positive: float = 0.0
+    used_negative: float = 0.0
+    negative_reporters: frozenset[str] = frozenset()
+
+
+def feedback_evidence(
+    reporter_id: str,
+    reporter: Standing,
+    entries: list[FeedbackEntry],
+    views: list[SenderView],
+    now_ms: int,
+    cfg: ReputationConfig,
+) -> list[tuple[str, Evidence]]:
+    """Receiver feedback -> ``(node_id, evidence)`` pairs, in report order
+    (docs/reputation.md "Receiver feedback"); ``views[i]`` is what the coordinator knew
+    about ``entries[i]``'s sender before the report.
+
+    Each entry is negative if it reports text mismatches or invalid bundles,
+    ``|mean_log_ratio| > log_ratio_tolerance`` or ``filtered_frac > filtered_frac_limit``,
+    else positive; weight ``feedback_weight x reporter score``, capped per (reporter,
+    sender) and direction at ``feedback_cap`` within one half-life unless at least
+    ``corroborating_reporters`` distinct reporters agree. A claim of text mismatches on
+    bundles whose text the coordinator verified itself is a false report: -3 for the
+    reporter (its score drops for the rest of the report), the claim is ignored.
+    Weight already used by earlier entries of the same report counts towards the cap.
+    """
+    good, bad = decayed(reporter, now_ms, cfg.half_life_s)
+    used: dict[tuple[str, bool], float] = {}
+    out: list[tuple[str, Evidence]] = []
+    for f, view in zip(entries, views, strict=True):
+        first_bundle = f.bundle_ids[0] if f.bundle_ids else ""
+        if f.text_mismatches > 0 and view.text_verified:
+            out.append((reporter_id, Evidence(
+                FALSE_REPORT, WEIGHT_FALSE_REPORT,
+                f"claimed {f.text_mismatches} text mismatches of {f.sender_id} on bundles "
+                "whose text the coordinator verified", bundle_id=first_bundle)))
+            bad -= WEIGHT_FALSE_REPORT
+            continue
+        negative = feedback_is_negative(
+            text_mismatches=f.text_mismatches, invalid_bundles=f.invalid_bundles,
+            mean_log_ratio=f.mean_log_ratio, filtered_frac=f.filtered_frac, cfg=cfg)
+        raw = feedback_weight(negative, score(good, bad), cfg)
+        corroborated = negative and disputed(
+            len(view.negative_reporters | {reporter_id}), cfg)
+        key = (f.sender_id, negative)
+        before = used.get(key, 0.0) + (view.used_negative if negative else view.used_positive)
+        weight = raw if corroborated else capped(raw, before, cfg)
+        used[key] = used.get(key, 0.0) + abs(weight)
+        detail = (
+            f"{'negative' if negative else 'positive'}: groups={f.groups} "
+            f"tokens={f.tokens} mean_log_ratio={f.mean_log_ratio:.3f} "
+            f"filtered={f.filtered_frac:.2f} truncated={f.truncated_frac:.2f} "
+            f"text_mismatches={f.text_mismatches} invalid_bundles={f.invalid_bundles}"
+        )
+        if weight != raw:
+            detail += f" (capped from {raw:.3f})"
+        if corroborated:
+            detail += " (corroborated by other reporters: not capped)"
+        out.append((f.sender_id, Evidence(FEEDBACK, weight, detail,
+                                          reporter_node_id=reporter_id,
+                                          bundle_id=first_bundle)))
+    return out
+
+
+def standing_update(events: list[Evidence], now_ms: int,
+                    cfg: ReputationConfig) -> Callable[[Standing, int], Standing]:
+    """:func:`apply` with its events, time and policy bound: the ``update`` the state
+    calls with a node's row locked (``(standing, verified_bundles) -> standing``)."""
+    return lambda standing, verified: apply(standing, events, now_ms, verified, cfg)

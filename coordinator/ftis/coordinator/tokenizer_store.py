@@ -149,6 +149,13 @@ class TokenizerCache:
         self.put(fingerprint, tokenizer)
         return tokenizer
 
+    def known(self, fingerprint: str) -> bool:
+        """Whether a tokenizer with this fingerprint was uploaded (loaded or stored)."""
+        with self._lock:
+            if fingerprint in self._loaded:
+                return True
+        return self.state.has_tokenizer(fingerprint)
+
     def __len__(self) -> int:
         return len(self._loaded)
 

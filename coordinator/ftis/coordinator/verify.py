@@ -8,8 +8,9 @@ Bundle checks run in exactly this order, cheapest first; the first failure raise
 2. envelope type, key, signature, payload decoding (``open_envelope``)
    ...................................... PAYLOAD_TYPE_INVALID, ENVELOPE_MALFORMED,
    SIGNATURE_INVALID, PAYLOAD_MALFORMED
-3. sender registered / not banned ...... NODE_UNKNOWN / NODE_BANNED
-   then the sender's quotas (bundles and bytes per minute, ``admit``) .. RATE_LIMITED
+3. payload not already stored ........... BUNDLE_REPLAYED (charged to no one)
+   sender registered / not banned ...... NODE_UNKNOWN / NODE_BANNED
+   then the sender's quota (bundles and bytes in the last minute) .. RATE_LIMITED
 4. ``bundle.node_id`` == key's node id . NODE_MISMATCH
 5. model card fingerprint == registered  MODEL_CARD_MISMATCH
 6. lease: task known, lease owned by sender, lease id matches, not expired, not yet
@@ -25,7 +26,10 @@ Bundle checks run in exactly this order, cheapest first; the first failure raise
 8. re-score every completion with the shared scorer; claimed rewards that differ by
    more than :data:`REWARD_TOLERANCE` are *counted*, not rejected.
 
-These are plain functions over a :class:`State` so that tests call them without gRPC.
+Everything here is pure: :func:`open_bundle` needs only the envelope, and
+:func:`check_submission` one read snapshot of the state
+(:class:`~ftis.coordinator.state.base.SubmissionSnapshot`); the bundles handler
+(:mod:`ftis.coordinator.handlers.bundles`) reads the snapshot and writes the verdict.
 """
 
 from __future__ import annotations
@@ -33,17 +37,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ftis.coordinator.state.base import (
-    BundleRecord,
     LeaseRecord,
     NewBundle,
     NodeRecord,
-    State,
+    SubmissionSnapshot,
 )
-from ftis.coordinator.tokenizer_store import TokenizerCache, decode
+from ftis.coordinator.tokenizer_store import decode
 from ftis.protocol.bundles import BundleLimits, check_structure, completion_tokens
 from ftis.protocol.envelope import open_envelope, parse_envelope_bytes
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -60,22 +62,32 @@ MAX_DISPLAY_NAME_CHARS = 128
 MAX_CLIENT_VERSION_CHARS = 128
 
 
-@dataclass
-class SubmissionAudit:
-    """What is known about a submission so far; used for the verdict row of a rejection.
+@dataclass(frozen=True)
+class OpenedBundle:
+    """An envelope whose signature verified and whose payload decoded (checks 1-2).
 
-    ``node_id`` is only filled once the signature has verified, so garbage signed with
-    someone else's public key cannot be charged to that node.
+    Attributes:
+        bundle: the decoded payload.
+        sender_id: the node id of the signing key (only set once the signature verified,
+            so garbage signed with someone else's key is never charged to that node).
+        bundle_id: hex SHA-256 of the payload.
+        envelope_bytes: the envelope as received (kept as proof, stored, relayed).
     """
 
-    node_id: str | None = None
-    bundle_id: str | None = None
-    #: The envelope as received (set once the signature verified; kept as proof).
-    envelope_bytes: bytes = b""
-    #: The exact payload is already stored: a resubmission, which anyone holding a
-    #: relayed copy can send, so it is not attributable to the signer.
-    duplicate: bool = False
+    bundle: bundle_pb2.Bundle
+    sender_id: str
+    bundle_id: str
+    envelope_bytes: bytes
 
+
+@dataclass(frozen=True)
+class BundleQuota:
+    """The sender's per-minute submission quota, checked against the database's count
+    of its recent verdicts (:class:`~ftis.coordinator.state.base.SubmissionSnapshot`),
+    so that it holds across worker processes."""
+
+    bundles_per_minute: float
+    bundle_bytes_per_minute: int
 
 @dataclass(frozen=True)
 class VerifiedBundle:
@@ -117,13 +129,12 @@ class VerifiedBundle:
         )
 
 
-def check_node(state: State, node_id: str) -> NodeRecord:
-    """The registered, unbanned node ``node_id``.
+def check_node_record(node: NodeRecord | None, node_id: str) -> NodeRecord:
+    """``node`` (the record read for ``node_id``) if it is registered and not banned.
 
     Raises:
         FtisError: NODE_UNKNOWN or NODE_BANNED.
     """
-    node = state.get_node(node_id)
     if node is None:
         raise FtisError(ErrorCode.NODE_UNKNOWN, f"node {node_id[:64]!r} is not registered")
     if node.banned:
@@ -210,34 +221,20 @@ def rescore(lease: LeaseRecord, bundle: bundle_pb2.Bundle) -> tuple[list[float],
     return rewards, mismatches
 
 
-def verify_bundle(
-    state: State,
-    envelope: bundle_pb2.SignedEnvelope | bytes,
-    *,
-    max_bundle_bytes: int,
-    now_ms: int,
-    audit: SubmissionAudit | None = None,
-    tokenizers: TokenizerCache | None = None,
-    require_tokenizer: bool = False,
-    admit: Callable[[str, int], None] | None = None,
-) -> VerifiedBundle:
-    """Run every check of the module docstring on a submitted envelope; writes nothing
-    (``admit`` may consume quota).
+def open_bundle(
+    envelope: bundle_pb2.SignedEnvelope | bytes, *, max_bundle_bytes: int
+) -> OpenedBundle:
+    """Checks 1-2 of the module docstring: size, envelope type, key, signature, payload.
 
     Args:
         envelope: the ``SignedEnvelope`` (or its serialized bytes as received).
         max_bundle_bytes: payload limit; the whole envelope may be
             :data:`ENVELOPE_OVERHEAD_BYTES` larger.
-        now_ms: current unix time in milliseconds.
-        audit: filled with the sender and bundle id as they become known.
-        tokenizers: uploaded tokenizers (text checks); ``None`` skips them.
-        require_tokenizer: TOKENIZER_REQUIRED when the sender's tokenizer is unknown.
-        admit: ``admit(node_id, envelope_bytes)`` raises RATE_LIMITED over quota.
 
     Raises:
-        FtisError: the first failing check's code (see module docstring).
+        FtisError: ENVELOPE_TOO_LARGE, ENVELOPE_MALFORMED, PAYLOAD_TYPE_INVALID,
+            SIGNATURE_INVALID or PAYLOAD_MALFORMED.
     """
-    audit = audit if audit is not None else SubmissionAudit()
     envelope_limit = max_bundle_bytes + ENVELOPE_OVERHEAD_BYTES
     if isinstance(envelope, bytes | bytearray | memoryview):
         raw = bytes(envelope)
@@ -251,20 +248,54 @@ def verify_bundle(
         message = envelope
         raw = envelope.SerializeToString()
     bundle, sender_id = open_envelope(message, "bundle", bundle_pb2.Bundle, max_bundle_bytes)
-    audit.node_id = sender_id
-    bundle_id = hashlib.sha256(message.payload).hexdigest()
-    audit.bundle_id = bundle_id
-    audit.envelope_bytes = raw
-    if state.bundle_owners([bundle_id]):
-        # Relayed envelopes are public: a byte-identical resubmission may come from anyone,
-        # so it is refused before quotas and charged to no one (not to the signer).
-        audit.node_id, audit.duplicate = None, True
-        raise FtisError(ErrorCode.BUNDLE_REPLAYED,
-                        f"bundle {bundle_id[:16]} is already stored (identical resubmission)")
+    return OpenedBundle(bundle, sender_id, hashlib.sha256(message.payload).hexdigest(), raw)
 
-    node = check_node(state, sender_id)
-    if admit is not None:
-        admit(sender_id, len(raw))
+
+def check_quota(snapshot: SubmissionSnapshot, size_bytes: int, quota: BundleQuota) -> None:
+    """The sender's bundles and bytes in the last minute, this one included, within quota.
+
+    Raises:
+        FtisError: RATE_LIMITED.
+    """
+    if (snapshot.recent_submissions + 1 > quota.bundles_per_minute
+            or snapshot.recent_bytes + size_bytes > quota.bundle_bytes_per_minute):
+        raise FtisError(
+            ErrorCode.RATE_LIMITED,
+            f"more than {quota.bundles_per_minute:g} bundles or "
+            f"{quota.bundle_bytes_per_minute} bytes per minute; slow down",
+        )
+
+
+def check_submission(
+    opened: OpenedBundle,
+    snapshot: SubmissionSnapshot,
+    *,
+    now_ms: int,
+    tokenizer: object | None = None,
+    require_tokenizer: bool = False,
+    quota: BundleQuota | None = None,
+) -> VerifiedBundle:
+    """Checks 3-8 of the module docstring on an opened envelope, against one read
+    ``snapshot`` of the state. Pure: reads and writes nothing else.
+
+    Args:
+        tokenizer: the sender's uploaded tokenizer (text checks), or ``None``.
+        require_tokenizer: TOKENIZER_REQUIRED when ``tokenizer`` is ``None``.
+        quota: the per-minute submission quota (``None``: unlimited).
+
+    Raises:
+        FtisError: the first failing check's code (see module docstring); for an
+            identical resubmission (the payload is already stored) BUNDLE_REPLAYED
+            before anything else: relayed envelopes are public, so it is charged to no one.
+    """
+    bundle, sender_id = opened.bundle, opened.sender_id
+    if snapshot.already_stored:
+        raise FtisError(ErrorCode.BUNDLE_REPLAYED,
+                        f"bundle {opened.bundle_id[:16]} is already stored (identical "
+                        "resubmission)")
+    node = check_node_record(snapshot.node, sender_id)
+    if quota is not None:
+        check_quota(snapshot, len(opened.envelope_bytes), quota)
     if bundle.node_id != sender_id:
         raise FtisError(
             ErrorCode.NODE_MISMATCH,
@@ -275,7 +306,7 @@ def verify_bundle(
             ErrorCode.MODEL_CARD_MISMATCH,
             "tokenizer fingerprint differs from the registered model card; re-register",
         )
-    lease = check_lease(state.get_lease_by_task(bundle.task_id), bundle, sender_id, now_ms)
+    lease = check_lease(snapshot.lease, bundle, sender_id, now_ms)
     check_structure(
         bundle,
         BundleLimits(
@@ -284,7 +315,6 @@ def verify_bundle(
             vocab_size=node.vocab_size,
         ),
     )
-    tokenizer = tokenizers.get(node.fingerprint) if tokenizers is not None else None
     if tokenizer is not None:
         check_text(tokenizer, bundle, lease.entry.question)
     elif require_tokenizer:
@@ -297,51 +327,12 @@ def verify_bundle(
         bundle=bundle,
         node=node,
         lease=lease,
-        bundle_id=bundle_id,
-        envelope_bytes=raw,
+        bundle_id=opened.bundle_id,
+        envelope_bytes=opened.envelope_bytes,
         verified_rewards=rewards,
         reward_mismatches=mismatches,
         text_verified=tokenizer is not None,
     )
-
-
-def accept_bundle(
-    state: State,
-    envelope: bundle_pb2.SignedEnvelope | bytes,
-    *,
-    max_bundle_bytes: int,
-    now_ms: int,
-    audit: SubmissionAudit | None = None,
-    tokenizers: TokenizerCache | None = None,
-    require_tokenizer: bool = False,
-    admit: Callable[[str, int], None] | None = None,
-) -> BundleRecord:
-    """Verify, then durably store a bundle; returns only after the commit.
-
-    A rejection writes one verdict row (and nothing else) before re-raising; the
-    coordinator adds reputation evidence on top (:meth:`Coordinator.submit_bundle`).
-
-    Raises:
-        FtisError: as :func:`verify_bundle`, or BUNDLE_REPLAYED if a concurrent
-            submission answered the lease first.
-    """
-    audit = audit if audit is not None else SubmissionAudit()
-    try:
-        verified = verify_bundle(
-            state,
-            envelope,
-            max_bundle_bytes=max_bundle_bytes,
-            now_ms=now_ms,
-            audit=audit,
-            tokenizers=tokenizers,
-            require_tokenizer=require_tokenizer,
-            admit=admit,
-        )
-        return state.store_bundle(verified.to_new_bundle(), now_ms)
-    except FtisError as err:
-        log.info("bundle rejected from %s: %s", audit.node_id or "?", err)
-        state.record_rejection(audit.node_id, audit.bundle_id, err.code, err.reason, now_ms)
-        raise
 
 
 def verify_registration(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +125,11 @@ class TaskSource:
         self._size = size
         self.split = split if split is not None and split.fraction > 0 else None
         self.part = part
+        self._seed = seed
+        # per dataset: indices of the part's entries found so far, and how far scanned
+        self._part_indices: list[list[int]] = [[] for _ in self.specs]
+        self._scanned = [0] * len(self.specs)
+        self._scan_lock = threading.Lock()
 
     def draw(self) -> TaskEntry:
         """Next task (of this source's split part) from a dataset chosen by weight.
@@ -143,6 +149,42 @@ class TaskSource:
                     entry.dataset, entry.question, entry.metadata) == self.part:
                 return entry
         raise ValueError(f"no {self.part} entry in {self.specs[k].dataset}")
+
+    def at(self, number: int) -> tuple[int, TaskEntry]:
+        """Task number ``number`` (0, 1, ...) of this source's part: ``(k, entry)`` with
+        ``k`` the mix position of its dataset. Random access and deterministic in
+        ``(seed, number)``, so worker processes that reserve numbers from one shared
+        counter hand out the same tasks in the same order as one process would.
+
+        The dataset is chosen by weight with a generator seeded by ``(seed, number)``;
+        within it, task number ``n`` is the ``n``-th entry of the part (wrapping around
+        after the part's last entry).
+
+        Raises:
+            ValueError: for a negative number, or a dataset with no entry of the part.
+        """
+        if number < 0:
+            raise ValueError(f"task number {number} < 0")
+        rng = random.Random(f"{self._seed}:{number}")
+        k = rng.choices(range(len(self.specs)), weights=[s.weight for s in self.specs])[0]
+        with self._scan_lock:
+            index = self._part_index(k, number)
+        return k, self.get(k, index)
+
+    def _part_index(self, k: int, n: int) -> int:
+        """Dataset index of the ``n``-th entry of this source's part in dataset ``k``."""
+        if self.split is None:
+            return n % self._size
+        found = self._part_indices[k]
+        while len(found) <= n and self._scanned[k] < self._size:
+            index = self._scanned[k]
+            self._scanned[k] += 1
+            entry = self.get(k, index)
+            if self.split.part(entry.dataset, entry.question, entry.metadata) == self.part:
+                found.append(index)
+        if not found:
+            raise ValueError(f"no {self.part} entry in {self.specs[k].dataset}")
+        return found[n % len(found)] if len(found) <= n else found[n]
 
     def distinct(self, count: int, max_draws: int = 100_000) -> list[TaskEntry]:
         """Up to ``count`` entries with pairwise different questions, in draw order

@@ -18,7 +18,8 @@ import typer
 from rich.console import Console
 
 from ftis.client.attack import KINDS
-from ftis.client.cli import exit_codes, start
+from ftis.client.cli import start
+from ftis.protocol.exit_codes import ExitCode
 
 console = Console(stderr=True)
 
@@ -66,13 +67,13 @@ def _attack(
 
     if kind not in KINDS:
         console.print(f"[red]unknown kind {kind!r}[/red]; one of {', '.join(KINDS)}")
-        raise typer.Exit(exit_codes.USAGE)
+        raise typer.Exit(ExitCode.USAGE)
     flags = {k: v for k, v in start_flags.items() if v is not None}
     try:
         cfg = ClientConfig(**flags)
     except ValidationError as exc:
         console.print(f"[red]invalid configuration:[/red] {exc}")
-        raise typer.Exit(exit_codes.USAGE) from exc
+        raise typer.Exit(ExitCode.USAGE) from exc
     options = AttackOptions(inflate_factor=inflate_factor, deflate_nats=deflate_nats,
                             fake_question=fake_question, flood_seconds=flood_seconds,
                             flood_lease_count=flood_lease_count, oversized_bytes=oversized_bytes,
@@ -137,7 +138,7 @@ def security_experiment(
     unknown = sorted({k for g in groups for k in g} - set(ATTACK_KINDS))
     if unknown:
         console.print(f"[red]unknown kinds {unknown}[/red]; one of {', '.join(ATTACK_KINDS)}")
-        raise typer.Exit(exit_codes.USAGE)
+        raise typer.Exit(ExitCode.USAGE)
     settings = security.SecuritySettings(out=out, groups=groups, rounds=rounds, model=model,
                                 config=config, local_groups=local_groups,
                                 external_groups=external_groups, group_size=group_size,
@@ -149,4 +150,4 @@ def security_experiment(
     fp = sum(r["false_positives"] for r in records)
     if fp:
         console.print(f"[red]{fp} honest node(s) quarantined or banned[/red]")
-        raise typer.Exit(exit_codes.UNEXPECTED)
+        raise typer.Exit(ExitCode.CLIENT_FALSE_POSITIVE)

@@ -34,7 +34,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ftis.client.cli import exit_codes
+from ftis.protocol.exit_codes import ExitCode
 
 console = Console(stderr=True)
 
@@ -101,7 +101,7 @@ def demo(
         stats = _admin_stats(swarm.admin)
     except LaunchError as exc:
         console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(exit_codes.UNEXPECTED) from exc
+        raise typer.Exit(ExitCode.CLIENT_SWARM_FAILED) from exc
     finally:
         swarm.stop()
     wall = time.time() - t0
@@ -113,7 +113,7 @@ def demo(
     console.print(f"report: {report}")
     if any(codes.values()):
         console.print(f"[red]client exit codes: {codes}[/red]")
-        raise typer.Exit(exit_codes.UNEXPECTED)
+        raise typer.Exit(ExitCode.CLIENT_SWARM_FAILED)
     conclusion = json.loads((out / "report.json").read_text())["heldout"]
     colour = "green" if conclusion["significant"] else "yellow"
     console.print(f"[{colour}]held-out {conclusion['metric']}: {conclusion['before']:.3f} -> "

@@ -1,10 +1,17 @@
-"""Numbered exit codes of ``ftis-client`` (documented in docs/exit-codes.md)."""
+"""Old names of ``ftis-client``'s exit codes, kept for :mod:`ftis.client.attack.runner`.
 
-OK = 0
-UNEXPECTED = 1
-USAGE = 2
-COORDINATOR_UNREACHABLE = 3
-MODEL_NOT_FOUND = 4
-REJECTED = 5
-MEMORY_BUDGET = 6
-INTERRUPTED = 130
+The table is :class:`ftis.protocol.exit_codes.ExitCode` (docs/exit-codes.md); new code
+uses it directly. These aliases carry the new numbers (the client's codes moved to
+50-79 when the three programs got one table).
+"""
+
+from ftis.protocol.exit_codes import ExitCode
+
+OK = ExitCode.OK
+UNEXPECTED = ExitCode.UNEXPECTED
+USAGE = ExitCode.USAGE
+COORDINATOR_UNREACHABLE = ExitCode.CLIENT_COORDINATOR_UNREACHABLE
+MODEL_NOT_FOUND = ExitCode.CLIENT_MODEL_NOT_FOUND
+REJECTED = ExitCode.CLIENT_REJECTED
+MEMORY_BUDGET = ExitCode.CLIENT_MEMORY_BUDGET
+INTERRUPTED = ExitCode.INTERRUPTED

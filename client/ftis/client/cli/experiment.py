@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ftis.client.cli import exit_codes
+from ftis.protocol.exit_codes import ExitCode
 
 console = Console(stderr=True)
 
@@ -27,6 +27,6 @@ def experiment(
         cfg = ExperimentConfig.load(config)
     except (ValidationError, OSError, ValueError) as exc:
         console.print(f"[red]invalid experiment config {config}:[/red] {exc}")
-        raise typer.Exit(exit_codes.USAGE) from exc
+        raise typer.Exit(ExitCode.USAGE) from exc
     summary = run_experiment(cfg, out)
     console.print(f"summary: {summary}")

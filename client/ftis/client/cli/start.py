@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ftis.client.cli import exit_codes
+from ftis.protocol.exit_codes import ExitCode
 
 console = Console(stderr=True)
 
@@ -84,10 +84,10 @@ def start(
         cfg = ClientConfig(**flags)
     except ValidationError as exc:
         console.print(f"[red]invalid configuration:[/red] {exc}")
-        raise typer.Exit(exit_codes.USAGE) from exc
+        raise typer.Exit(ExitCode.USAGE) from exc
     if cfg.max_memory is not None:
         code = check_memory(cfg)
-        if code != exit_codes.OK:
+        if code != ExitCode.OK:
             raise typer.Exit(code)
     raise typer.Exit(run(cfg))
 
@@ -95,7 +95,7 @@ def start(
 def check_memory(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
     """Estimate the peak memory of ``cfg`` before loading anything (``--max-memory``).
 
-    Returns ``MEMORY_BUDGET`` (message printed) when the estimate exceeds the budget,
+    Returns ``CLIENT_MEMORY_BUDGET`` (message printed) when the estimate exceeds the budget,
     otherwise ``OK``; a model that cannot be resolved is left to :func:`run` to report.
     """
     from ftis.client.models.registry import ModelNotFoundError
@@ -109,15 +109,15 @@ def check_memory(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
     try:
         estimate = estimate_for_config(cfg)
     except ModelNotFoundError:
-        return exit_codes.OK
+        return ExitCode.OK
     try:
         check_memory_budget(estimate, cfg.max_memory_bytes)
     except MemoryBudgetError as exc:
         console.print(f"[red]memory budget exceeded:[/red] {exc}", soft_wrap=True)
-        return exit_codes.MEMORY_BUDGET
+        return ExitCode.CLIENT_MEMORY_BUDGET
     console.print(f"estimated peak memory {format_size(estimate.total)} "
                   f"({estimate.phase}) fits --max-memory {cfg.max_memory}")
-    return exit_codes.OK
+    return ExitCode.OK
 
 
 def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
@@ -141,7 +141,7 @@ def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
                                  double_quant=cfg.qlora_double_quant)
     except ModelNotFoundError as exc:
         console.print(f"[red]model not found:[/red] {exc}")
-        return exit_codes.MODEL_NOT_FOUND
+        return ExitCode.CLIENT_MODEL_NOT_FOUND
     startup_seconds = seconds_since_process_start()  # cold start includes GGUF conversion
     card = policy.card
     console.print(f"model {card.base_model}: {card.parameter_count:,} parameters, "
@@ -176,14 +176,14 @@ def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
             node.run(on_round)
     except grpc.RpcError as exc:
         console.print(f"[red]coordinator {cfg.coordinator} unreachable:[/red] {exc.code().name}")
-        return exit_codes.COORDINATOR_UNREACHABLE
+        return ExitCode.CLIENT_COORDINATOR_UNREACHABLE
     except FtisError as exc:
         console.print(f"[red]rejected by the coordinator:[/red] {exc}")
-        return exit_codes.REJECTED
+        return ExitCode.CLIENT_REJECTED
     except KeyboardInterrupt:
         console.print("interrupted; the last checkpoint is kept")
-        return exit_codes.INTERRUPTED
+        return ExitCode.INTERRUPTED
     finally:
         conn.close()
     console.print(f"done: {node.round} rounds, metrics in {node.metrics_path}")
-    return exit_codes.OK
+    return ExitCode.OK

@@ -13,7 +13,8 @@ Where the receiver shares the sender's tokenizer it also checks
 :class:`~ftis.client.swarm.cross_tokenizer.Retokenizer`: their text is re-tokenized under
 the receiver's own prompt for the relayed task question, and the group carries the
 generator's sequence log-probs (DESIGN.md section 6). Per-sender rejections are kept for
-receiver feedback.
+receiver feedback. Rejections carry the coordinator's :class:`ErrorCode` where the check is
+one of its own, and a :class:`LocalErrorCode` (17x) for the receiver's own checks.
 """
 
 from __future__ import annotations
@@ -27,10 +28,20 @@ from ftis.client.rollout.groups import RolloutGroup
 from ftis.client.swarm.cross_tokenizer import Retokenized, Retokenizer, retokenize_bundle
 from ftis.protocol.bundles import MAX_BUNDLE_BYTES, BundleLimits, check_structure
 from ftis.protocol.envelope import open_envelope
-from ftis.protocol.errors import FtisError
+from ftis.protocol.errors import ErrorCode, FtisError, LocalErrorCode
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
+
+#: Rejections that are no evidence against the sender: the relay's own doing, another
+#: tokenizer this receiver cannot use, or TEXT_MISMATCH (counted separately).
+NOT_SENDER_EVIDENCE = frozenset({
+    LocalErrorCode.RELAY_OWN_BUNDLE,
+    LocalErrorCode.RELAY_REWARDS_MISMATCH,
+    LocalErrorCode.TOKENIZER_FOREIGN,
+    LocalErrorCode.RETOKENIZE_FAILED,
+    ErrorCode.TEXT_MISMATCH,
+})
 
 
 class ExternalPool:
@@ -46,7 +57,7 @@ class ExternalPool:
         decode: ``token_ids -> text`` with the receiver's tokenizer (same fingerprint as the
             sender's), used to check each completion's text; ``None`` skips the check.
         retokenizer: accept bundles of other tokenizer fingerprints by re-tokenizing their
-            text (``None``: such bundles are dropped with code 113).
+            text (``None``: such bundles are dropped with ``TOKENIZER_FOREIGN``).
     """
 
     def __init__(self, own_node_id: str, vocab_size: int, fingerprint: str,
@@ -60,6 +71,8 @@ class ExternalPool:
         self.groups: deque[RolloutGroup] = deque(maxlen=capacity)
         self.cursor = 0
         self.rejected = 0
+        #: rejected relayed bundles by code (ErrorCode or LocalErrorCode)
+        self.rejected_by_code: Counter[int] = Counter()
         self.max_policy_lag = max_policy_lag
         self.rng = rng or random.Random(0)
         self.decode = decode
@@ -80,35 +93,41 @@ class ExternalPool:
         try:
             bundle, sender = open_envelope(relayed.envelope, "bundle", bundle_pb2.Bundle,
                                            MAX_BUNDLE_BYTES)
-            if sender == self.own_node_id or bundle.node_id != sender:
-                raise FtisError(112, "own bundle or node id not matching the signing key")
+            if sender == self.own_node_id:
+                raise FtisError(LocalErrorCode.RELAY_OWN_BUNDLE, "relayed our own bundle")
+            if bundle.node_id != sender:
+                raise FtisError(ErrorCode.NODE_MISMATCH,
+                                "bundle node id does not match the signing key")
             cross = bundle.model_card.tokenizer_fingerprint != self.fingerprint
             if cross and self.retokenizer is None:
-                raise FtisError(113, "tokenizer fingerprint differs")
+                raise FtisError(LocalErrorCode.TOKENIZER_FOREIGN,
+                                "tokenizer fingerprint differs and cross-tokenizer is off")
             # token ids are bounded by the vocabulary of the tokenizer that made them
             vocab = int(bundle.model_card.vocab_size) if cross else self.vocab_size
             limits = BundleLimits(len(bundle.completions), bundle.sampling.max_new_tokens,
                                   vocab)
             check_structure(bundle, limits)
             if len(relayed.verified_rewards) != len(bundle.completions):
-                raise FtisError(103, "verified rewards do not match the completions")
+                raise FtisError(LocalErrorCode.RELAY_REWARDS_MISMATCH,
+                                "verified rewards do not match the completions")
             retokenized: Retokenized | None = None
             if cross:
                 try:
                     retokenized = retokenize_bundle(bundle, relayed.task_question,
                                                     self.retokenizer)
                 except ValueError as exc:
-                    raise FtisError(113, f"cannot re-tokenize: {exc}") from exc
+                    raise FtisError(LocalErrorCode.RETOKENIZE_FAILED,
+                                    f"cannot re-tokenize: {exc}") from exc
             elif self.decode is not None:
                 bad = sum(self.decode(list(c.token_ids)) != c.text for c in bundle.completions)
                 if bad:
                     self.text_mismatch_by_sender[sender] += bad
-                    raise FtisError(150, f"{bad} completions' text differs from their tokens")
+                    raise FtisError(ErrorCode.TEXT_MISMATCH,
+                                    f"{bad} completions' text differs from their tokens")
         except FtisError as exc:
             self.rejected += 1
-            # 150 is counted separately; 113 (another tokenizer that cannot be used here)
-            # is no evidence against the sender
-            if sender and exc.code not in (113, 150):
+            self.rejected_by_code[exc.code] += 1
+            if sender and exc.code not in NOT_SENDER_EVIDENCE:
                 self.invalid_by_sender[sender] += 1
             log.warning("dropping relayed bundle %s: %s", relayed.bundle_id, exc)
             return False

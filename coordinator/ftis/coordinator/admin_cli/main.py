@@ -9,8 +9,10 @@ reputation evidence is reset to 0), ``reputation show`` and ``reputation set
 [--auto-ban-on-proof/--no-auto-ban-on-proof]``. ``--json`` prints the response as
 proto3 JSON (field names as in ``admin.proto``, int64 as numbers).
 
-Exit codes: 0 ok; 1 the coordinator answered with an error code (or failed the call);
-2 usage error; 3 coordinator unreachable.
+Exit codes (:class:`ftis.protocol.exit_codes.ExitCode`, docs/exit-codes.md): ``OK``,
+``USAGE``, ``ADMIN_UNREACHABLE`` (admin service unreachable), ``ADMIN_ERROR_RESPONSE``
+(the coordinator answered with an error code), ``ADMIN_CALL_FAILED`` (any other failed
+call).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from enum import IntEnum
 from typing import Annotated, Any
 
 import grpc
@@ -29,17 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ftis.protocol.errors import ErrorCode, code_name
+from ftis.protocol.exit_codes import ExitCode
 from ftis.v1 import admin_pb2, admin_pb2_grpc
-
-
-class AdminExit(IntEnum):
-    """Process exit status of ``ftis-admin``."""
-
-    OK = 0
-    ERROR = 1  #: error response from the coordinator, or a failed call
-    USAGE = 2
-    UNREACHABLE = 3
-
 
 app = typer.Typer(
     name="ftis-admin",
@@ -90,15 +82,15 @@ def to_dict(message: Message) -> dict[str, Any]:
 
 
 def _call(method: str, request: Message) -> Any:
-    """Call ``Admin.<method>``; exits 3 if the coordinator cannot be reached, 1 on a
-    failed call."""
+    """Call ``Admin.<method>``; exits ``ADMIN_UNREACHABLE`` if the coordinator cannot be
+    reached, ``ADMIN_CALL_FAILED`` on another failed call."""
     channel = grpc.insecure_channel(_settings.admin)
     try:
         try:
             grpc.channel_ready_future(channel).result(timeout=_settings.timeout)
         except grpc.FutureTimeoutError:
             _die(
-                AdminExit.UNREACHABLE,
+                ExitCode.ADMIN_UNREACHABLE,
                 f"cannot reach coordinator admin service at {_settings.admin}",
             )
         stub = admin_pb2_grpc.AdminStub(channel)
@@ -108,29 +100,30 @@ def _call(method: str, request: Message) -> Any:
             status = exc.code() if hasattr(exc, "code") else None
             if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 _die(
-                    AdminExit.UNREACHABLE,
+                    ExitCode.ADMIN_UNREACHABLE,
                     f"cannot reach coordinator admin service at {_settings.admin}",
                 )
             details = exc.details() if hasattr(exc, "details") else str(exc)
-            _die(AdminExit.ERROR, f"{method} failed: {status}: {details}")
+            _die(ExitCode.ADMIN_CALL_FAILED, f"{method} failed: {status}: {details}")
     finally:
         channel.close()
 
 
-def _die(code: AdminExit, message: str) -> None:
+def _die(code: int, message: str) -> None:
     print(f"ftis-admin: {message}", file=sys.stderr)
-    raise typer.Exit(int(code))
+    raise typer.Exit(code)
 
 
 def _check_error(response: Any, as_json: bool) -> None:
-    """Exit 1 with ``CODE_NAME (n): reason`` if the response carries an error."""
+    """Exit ``ADMIN_ERROR_RESPONSE`` with ``CODE_NAME (n): reason`` if the response
+    carries an error."""
     error = response.error
     if error.code == ErrorCode.ERROR_CODE_UNSPECIFIED:
         return
     if as_json:
         name = code_name(error.code)
         print(json.dumps({"error": {"code": error.code, "name": name, "reason": error.reason}}))
-    _die(AdminExit.ERROR, f"{code_name(error.code)} ({error.code}): {error.reason}")
+    _die(ExitCode.ADMIN_ERROR_RESPONSE, f"{code_name(error.code)} ({error.code}): {error.reason}")
 
 
 def _print_json(message: Message) -> None:

@@ -5,7 +5,8 @@
 :class:`~ftis.coordinator.config.CoordinatorConfig` field (VALUE parsed as JSON when it
 parses, e.g. ``--set bundles_per_minute=60 --set require_tokenizer=false
 --set reputation.half_life_s=3600``); also runnable as
-``python -m ftis.coordinator.cli.main serve ...``. Exit codes: :class:`ExitCode`.
+``python -m ftis.coordinator.cli.main serve ...``. Exit codes:
+:class:`ftis.protocol.exit_codes.ExitCode` (docs/exit-codes.md).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from typing import Annotated, Any
 import pydantic
 import typer
 
-from ftis.coordinator.cli.exit_codes import ExitCode
 from ftis.coordinator.config import ConfigError, load_config
+from ftis.protocol.exit_codes import ExitCode, exit_code_name
 
 app = typer.Typer(
     name="ftis-coordinator",
@@ -71,9 +72,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _fail(code: ExitCode, message: str) -> typer.Exit:
-    print(f"ftis-coordinator: {message.splitlines()[0] if message else code.name}", file=sys.stderr)
-    return typer.Exit(int(code))
+def _fail(code: int, message: str) -> typer.Exit:
+    first = message.splitlines()[0] if message else exit_code_name(code)
+    print(f"ftis-coordinator: {first}", file=sys.stderr)
+    return typer.Exit(code)
 
 
 @app.command()
@@ -99,6 +101,13 @@ def serve(
         list[str] | None,
         typer.Option("--set", help="FIELD=VALUE override of any setting (repeatable)."),
     ] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Worker processes serving one database on one port "
+                          "(SO_REUSEPORT); use PostgreSQL for more than one.")
+    ] = 1,
+    reuse_port: Annotated[
+        bool, typer.Option(hidden=True, help="Bind with SO_REUSEPORT (set for workers).")
+    ] = False,
 ) -> None:
     """Run the coordinator until SIGINT or SIGTERM."""
     logging.basicConfig(
@@ -122,26 +131,22 @@ def serve(
     from ftis.coordinator.server.app import BindError, CoordinatorServer
     from ftis.coordinator.state.base import DatabaseError
 
+    if workers > 1:
+        _serve_workers(cfg, workers, log_level, ready_file)
+        return
     try:
-        server = CoordinatorServer(cfg)
+        server = CoordinatorServer(cfg, reuse_port=reuse_port)
     except DatabaseError as exc:
-        raise _fail(ExitCode.DATABASE, str(exc)) from None
+        raise _fail(ExitCode.COORDINATOR_DATABASE, str(exc)) from None
     except ValueError as exc:  # e.g. a task config ReasoningGYM refuses
         raise _fail(ExitCode.USAGE, f"invalid configuration: {exc}") from None
     try:
         server.start()
     except BindError as exc:
         server.stop(None)
-        raise _fail(ExitCode.BIND, str(exc)) from None
+        raise _fail(ExitCode.COORDINATOR_BIND, str(exc)) from None
 
-    stop = threading.Event()
-
-    def _on_signal(signum: int, _frame: object) -> None:
-        log.info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    stop = _stop_on_signals()
     try:
         if ready_file is not None:
             write_ready_file(ready_file, server.address, server.admin_address)
@@ -152,6 +157,42 @@ def serve(
         log.info("stopped")
 
 
+def _stop_on_signals() -> threading.Event:
+    """An event that SIGINT and SIGTERM set (the serve loops wait on it)."""
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    return stop
+
+
+def _serve_workers(cfg: Any, workers: int, log_level: str, ready_file: Path | None) -> None:
+    """``serve --workers N``: migrate the database once, then supervise N workers
+    (:mod:`ftis.coordinator.server.workers`) until SIGINT or SIGTERM."""
+    from ftis.coordinator.server.workers import WorkerError, run_workers
+    from ftis.coordinator.state.base import DatabaseError
+    from ftis.coordinator.state.sql import SqlState
+
+    if cfg.db_url.startswith("sqlite"):
+        log.warning("--workers %d on SQLite: writers queue on one file lock; "
+                    "use PostgreSQL to scale", workers)
+    try:
+        SqlState(cfg.db_url).close()  # schema migrations run here, exactly once
+    except DatabaseError as exc:
+        raise _fail(ExitCode.COORDINATOR_DATABASE, str(exc)) from None
+    stop = _stop_on_signals()
+    try:
+        code = run_workers(cfg, workers, log_level=log_level, ready_file=ready_file, stop=stop)
+    except WorkerError as exc:
+        raise _fail(ExitCode.COORDINATOR_BIND, str(exc)) from None
+    if code:
+        raise _fail(ExitCode.COORDINATOR_WORKER, f"a worker exited with {code}")
+
+
 def main() -> None:
     """Entry point that maps unexpected exceptions to exit code 1."""
     try:
@@ -160,7 +201,7 @@ def main() -> None:
         raise
     except Exception:
         logging.getLogger("ftis.coordinator").exception("unexpected error")
-        sys.exit(int(ExitCode.UNEXPECTED))
+        sys.exit(ExitCode.UNEXPECTED)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ from typing import Any
 
 import grpc
 
+from ftis.coordinator.handlers import admin
+from ftis.coordinator.handlers.context import Context
 from ftis.coordinator.server import convert
 from ftis.coordinator.server.swarm_service import in_band_errors
-from ftis.coordinator.service import ACTIVE_WINDOW_MS, Coordinator
 from ftis.coordinator.state.base import NodeRecord
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.v1 import admin_pb2, admin_pb2_grpc
@@ -40,31 +41,31 @@ def _abort_on_exception(handler: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    """gRPC front of the operator operations of :class:`Coordinator`."""
+    """gRPC front of the operator handlers (:mod:`ftis.coordinator.handlers.admin`)."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.coordinator = coordinator
-        self.state = coordinator.state
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
 
     def _info(self, node: NodeRecord) -> admin_pb2.NodeInfo:
-        return convert.node_info(node, self.coordinator.reputation_config, self.coordinator.clock())
+        return convert.node_info(node, self.ctx.policy, self.ctx.clock())
 
     @_abort_on_exception
     def ListNodes(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return admin_pb2.ListNodesResponse(nodes=[self._info(n) for n in self.state.list_nodes()])
+        nodes = admin.list_nodes(self.ctx)
+        return admin_pb2.ListNodesResponse(nodes=[self._info(n) for n in nodes])
 
     @in_band_errors(admin_pb2.GetNodeResponse)
     def GetNode(self, request: admin_pb2.GetNodeRequest, context: Any) -> Any:  # noqa: N802
-        node = self.state.resolve_node(request.node_id)
+        detail = admin.get_node(self.ctx, request.node_id)
         return admin_pb2.GetNodeResponse(
-            node=self._info(node),
-            rejections_by_code=convert.codes_by_name(self.state.rejections_by_code(node.node_id)),
-            evidence=[convert.evidence(e) for e in self.coordinator.evidence(node.node_id)],
+            node=self._info(detail.node),
+            rejections_by_code=convert.codes_by_name(detail.rejections_by_code),
+            evidence=[convert.evidence(e) for e in detail.evidence],
         )
 
     @_abort_on_exception
     def Stats(self, request: Any, context: Any) -> Any:  # noqa: N802
-        s = self.state.stats(self.coordinator.clock(), ACTIVE_WINDOW_MS)
+        s = admin.stats(self.ctx)
         return admin_pb2.StatsResponse(
             nodes=s.nodes,
             active_nodes=s.active_nodes,
@@ -83,23 +84,23 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @_abort_on_exception
     def ListBundles(self, request: admin_pb2.ListBundlesRequest, context: Any) -> Any:  # noqa: N802
         limit = request.limit if request.limit > 0 else DEFAULT_BUNDLE_LIMIT
-        records = self.state.list_bundles(request.node_id, min(limit, MAX_BUNDLE_LIMIT))
+        records = admin.list_bundles(self.ctx, request.node_id, min(limit, MAX_BUNDLE_LIMIT))
         return admin_pb2.ListBundlesResponse(bundles=[convert.bundle_info(b) for b in records])
 
     @in_band_errors(admin_pb2.BanNodeResponse)
     def BanNode(self, request: admin_pb2.BanNodeRequest, context: Any) -> Any:  # noqa: N802
-        node = self.coordinator.ban(request.node_id, request.reason)
+        node = admin.ban(self.ctx, request.node_id, request.reason)
         return admin_pb2.BanNodeResponse(node=self._info(node))
 
     @in_band_errors(admin_pb2.UnbanNodeResponse)
     def UnbanNode(self, request: admin_pb2.UnbanNodeRequest, context: Any) -> Any:  # noqa: N802
-        node = self.coordinator.unban(request.node_id)
+        node = admin.unban(self.ctx, request.node_id)
         return admin_pb2.UnbanNodeResponse(node=self._info(node))
 
     @_abort_on_exception
     def GetReputationConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
         return admin_pb2.GetReputationConfigResponse(
-            config=convert.reputation_config(self.coordinator.reputation_config)
+            config=convert.reputation_config(self.ctx.policy)
         )
 
     @in_band_errors(admin_pb2.SetReputationConfigResponse)
@@ -110,9 +111,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise FtisError(ErrorCode.REQUEST_INVALID, "config is required")
         try:
             cfg = convert.reputation_config_from_proto(
-                request.config, self.coordinator.reputation_config
+                request.config, self.ctx.policy
             )
         except ValueError as exc:
             raise FtisError(ErrorCode.REQUEST_INVALID, str(exc)) from None
-        self.coordinator.set_reputation_config(cfg)
+        admin.set_reputation_policy(self.ctx, cfg)
         return admin_pb2.SetReputationConfigResponse(config=convert.reputation_config(cfg))

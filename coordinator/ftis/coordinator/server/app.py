@@ -16,14 +16,15 @@ Programmatic use (e.g. in an integration test)::
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from ftis.coordinator.config import CoordinatorConfig, parse_host_port
+from ftis.coordinator.handlers.context import SEEN_FLUSH_S, Clock, Context, wall_clock_ms
 from ftis.coordinator.server.admin_service import AdminService
 from ftis.coordinator.server.swarm_service import SwarmService, add_swarm_service
-from ftis.coordinator.service import Clock, Coordinator, wall_clock_ms
 from ftis.coordinator.state.base import State
 from ftis.coordinator.state.sql import SqlState
 from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
@@ -72,6 +73,8 @@ class CoordinatorServer:
         config: settings; ``listen``/``admin_listen`` may use port 0 (any free port).
         state: storage; by default an :class:`SqlState` on ``config.db_url``.
         clock: unix-milliseconds clock.
+        reuse_port: bind with SO_REUSEPORT (one of several worker processes on the same
+            ports, :mod:`ftis.coordinator.server.workers`).
 
     Raises:
         DatabaseError: if the database cannot be opened (raised by the constructor).
@@ -83,10 +86,14 @@ class CoordinatorServer:
         *,
         state: State | None = None,
         clock: Clock = wall_clock_ms,
+        reuse_port: bool = False,
     ) -> None:
         self.config = config
+        self.reuse_port = reuse_port
         self.state = state if state is not None else SqlState(config.db_url)
-        self.coordinator = Coordinator(config, self.state, clock)
+        self.ctx = Context.create(config, self.state, clock)
+        self._stopping = threading.Event()
+        self._flusher: threading.Thread | None = None
         self._swarm: grpc.Server | None = None
         self._admin: grpc.Server | None = None
         self._port = 0
@@ -100,13 +107,14 @@ class CoordinatorServer:
         """
         swarm = grpc.server(
             ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ftis-swarm"),
-            options=swarm_grpc_options(self.config),
+            options=self._options(swarm_grpc_options(self.config)),
         )
-        add_swarm_service(SwarmService(self.coordinator), swarm, self.config.method_request_limits)
+        add_swarm_service(SwarmService(self.ctx), swarm, self.config.method_request_limits)
         admin = grpc.server(
-            ThreadPoolExecutor(4, thread_name_prefix="ftis-admin"), options=GRPC_OPTIONS
+            ThreadPoolExecutor(4, thread_name_prefix="ftis-admin"),
+            options=self._options(GRPC_OPTIONS),
         )
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self.coordinator), admin)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self.ctx), admin)
         try:
             self._port = _bind(swarm, self.config.listen)
             self._admin_port = _bind(admin, self.config.admin_listen)
@@ -117,7 +125,16 @@ class CoordinatorServer:
         swarm.start()
         admin.start()
         self._swarm, self._admin = swarm, admin
+        self._stopping.clear()
+        self._flusher = threading.Thread(target=self._flush_loop, name="ftis-flush", daemon=True)
+        self._flusher.start()
         log.info("swarm service on %s, admin service on %s", self.address, self.admin_address)
+
+    def _options(self, options: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """``options`` with SO_REUSEPORT on for a worker of ``serve --workers N``."""
+        if not self.reuse_port:
+            return options
+        return [o for o in options if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", 1)]
 
     @property
     def port(self) -> int:
@@ -146,7 +163,25 @@ class CoordinatorServer:
         for event in events:
             event.wait()
         self._swarm = self._admin = None
+        self._stopping.set()
+        if self._flusher is not None:
+            self._flusher.join()
+            self._flusher = None
+        try:
+            self.ctx.seen.flush(self.state)
+        except Exception:
+            log.exception("flushing last-seen times failed")
         self.state.close()
+
+    def _flush_loop(self) -> None:
+        """Every :data:`SEEN_FLUSH_S`: write buffered last-seen times, and reload the
+        reputation policy (another worker process may have changed it)."""
+        while not self._stopping.wait(SEEN_FLUSH_S):
+            try:
+                self.ctx.seen.flush(self.state)
+                self.ctx.policy = self.ctx.load_policy()
+            except Exception:
+                log.exception("periodic flush failed")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the server stops (or ``timeout`` seconds pass); True if stopped."""

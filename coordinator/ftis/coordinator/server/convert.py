@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ftis.coordinator import reputation
+from ftis.coordinator.handlers.relay import RelayPage
 from ftis.coordinator.reputation import ReputationConfig
 from ftis.coordinator.state.base import BundleRecord, EvidenceRecord, LeaseRecord, NodeRecord
 from ftis.protocol.errors import code_name
@@ -28,19 +29,55 @@ def task_lease(lease: LeaseRecord) -> swarm_pb2.TaskLease:
     )
 
 
-def relayed_bundle(record: BundleRecord) -> swarm_pb2.RelayedBundle:
-    """A stored bundle as relayed to other nodes (envelope exactly as signed)."""
-    envelope = bundle_pb2.SignedEnvelope()
-    envelope.ParseFromString(record.envelope)
-    return swarm_pb2.RelayedBundle(
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _length_delimited(field_number: int, data: bytes) -> bytes:
+    """One length-delimited protobuf field (wire type 2): tag, length, ``data``."""
+    return _varint(field_number << 3 | 2) + _varint(len(data)) + data
+
+
+#: Field numbers in swarm.proto: ``RelayedBundle.envelope`` and
+#: ``PullBundlesResponse.bundles`` (a test checks them against the descriptors).
+RELAYED_ENVELOPE_FIELD = 3
+PULL_BUNDLES_FIELD = 2
+
+
+def relayed_bundle_bytes(record: BundleRecord, sender_reputation: float) -> bytes:
+    """A stored bundle as a serialized ``RelayedBundle``: the envelope goes out exactly
+    as stored (and as the sender signed it), without being parsed again. Protobuf
+    parsers accept fields in any order, so the envelope is appended after the rest."""
+    head = swarm_pb2.RelayedBundle(
         sequence=record.sequence,
         bundle_id=record.bundle_id,
-        envelope=envelope,
         verified_rewards=record.verified_rewards,
         stored_at_ms=record.stored_at_ms,
-        sender_reputation=record.sender_reputation,
+        sender_reputation=sender_reputation,
         task_question=record.question,
-    )
+    ).SerializeToString()
+    return head + _length_delimited(RELAYED_ENVELOPE_FIELD, record.envelope)
+
+
+def relay_page_bytes(page: RelayPage) -> bytes:
+    """A serialized ``PullBundlesResponse`` for ``page`` (see :func:`relayed_bundle_bytes`)."""
+    parts = [_length_delimited(PULL_BUNDLES_FIELD, relayed_bundle_bytes(b, r))
+             for b, r in zip(page.bundles, page.sender_reputations, strict=True)]
+    parts.append(swarm_pb2.PullBundlesResponse(next_cursor=page.next_cursor).SerializeToString())
+    return b"".join(parts)
+
+
+def relayed_bundle(record: BundleRecord, sender_reputation: float) -> swarm_pb2.RelayedBundle:
+    """:func:`relayed_bundle_bytes` as a message (for tests and tools)."""
+    return swarm_pb2.RelayedBundle.FromString(relayed_bundle_bytes(record, sender_reputation))
 
 
 def node_info(

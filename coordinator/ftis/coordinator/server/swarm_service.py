@@ -5,8 +5,10 @@ reason); an unexpected exception becomes INTERNAL with its traceback logged, and
 server keeps serving.
 
 Signed requests (Heartbeat, LeaseTasks, PullBundles, ReportMetrics, UploadTokenizer) are
-authenticated first (:meth:`Coordinator.authenticate`: NODE_UNKNOWN → AUTH_INVALID /
-AUTH_EXPIRED → NODE_BANNED), then handed to the operation.
+authenticated once, by the ``authenticated`` decorator (:func:`nodes.authenticate`:
+NODE_UNKNOWN → AUTH_INVALID / AUTH_EXPIRED → NODE_BANNED), which hands the node record to
+the handler. Relay pages are written as wire bytes around the stored envelopes, which are
+never re-parsed (:func:`convert.relay_page_bytes`).
 
 :func:`add_swarm_service` registers the servicer with a per-method size limit that is
 checked on the raw bytes *before* decoding: larger requests are answered in-band with
@@ -23,9 +25,11 @@ from typing import Any, TypeVar
 
 import grpc
 
+from ftis.coordinator.handlers import bundles, feedback, leases, nodes, relay
+from ftis.coordinator.handlers.context import Context
 from ftis.coordinator.quotas import peer_host
 from ftis.coordinator.server import convert
-from ftis.coordinator.service import Coordinator
+from ftis.coordinator.state.base import NodeRecord
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.v1 import common_pb2, swarm_pb2, swarm_pb2_grpc
 
@@ -58,6 +62,21 @@ def in_band_errors(response_cls: type[R]) -> Callable[[Callable[..., R]], Callab
     return wrap
 
 
+def authenticated(method: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Decorator for signed requests: authenticate once (:func:`nodes.authenticate`, one
+    database read) and hand the :class:`NodeRecord` to the RPC handler as ``node``."""
+
+    def wrap(handler: Callable[..., R]) -> Callable[..., R]:
+        @functools.wraps(handler)
+        def run(self: SwarmService, request: Any, context: Any) -> R:
+            node = nodes.authenticate(self.ctx, request, method)
+            return handler(self, request, context, node)
+
+        return run
+
+    return wrap
+
+
 def _peer(context: Any) -> str:
     try:
         return peer_host(context.peer()) if context is not None else ""
@@ -66,42 +85,40 @@ def _peer(context: Any) -> str:
 
 
 class SwarmService(swarm_pb2_grpc.SwarmServicer):
-    """gRPC front of :class:`Coordinator` for volunteers."""
+    """gRPC front of the volunteer handlers: translate, call, translate back."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.coordinator = coordinator
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
 
     @in_band_errors(swarm_pb2.RegisterResponse)
     def Register(self, request: swarm_pb2.RegisterRequest, context: Any) -> Any:  # noqa: N802
-        node = self.coordinator.register(request.envelope, peer=_peer(context))
+        node = nodes.register(self.ctx, request.envelope, peer=_peer(context))
         return swarm_pb2.RegisterResponse(
             node_id=node.node_id,
-            heartbeat_interval_ms=int(self.coordinator.config.heartbeat_interval_s * 1000),
-            server_time_ms=self.coordinator.clock(),
-            tokenizer_known=self.coordinator.tokenizer_known(node.fingerprint),
+            heartbeat_interval_ms=int(self.ctx.config.heartbeat_interval_s * 1000),
+            server_time_ms=self.ctx.clock(),
+            tokenizer_known=nodes.tokenizer_known(self.ctx, node.fingerprint),
         )
 
     @in_band_errors(swarm_pb2.HeartbeatResponse)
-    def Heartbeat(self, request: swarm_pb2.HeartbeatRequest, context: Any) -> Any:  # noqa: N802
-        node = self.coordinator.authenticate(request, "Heartbeat")
-        now = self.coordinator.heartbeat(request.node_id, request.policy_version)
-        return swarm_pb2.HeartbeatResponse(
-            server_time_ms=now,
-            reputation=self.coordinator.reputation_of(node),
-            quarantined=node.quarantined,
-        )
+    @authenticated("Heartbeat")
+    def Heartbeat(self, request: swarm_pb2.HeartbeatRequest, context: Any,  # noqa: N802
+                  node: NodeRecord) -> Any:
+        now, score = nodes.heartbeat(self.ctx, node, request.policy_version)
+        return swarm_pb2.HeartbeatResponse(server_time_ms=now, reputation=score,
+                                           quarantined=node.quarantined)
 
     @in_band_errors(swarm_pb2.LeaseTasksResponse)
-    def LeaseTasks(self, request: swarm_pb2.LeaseTasksRequest, context: Any) -> Any:  # noqa: N802
-        self.coordinator.authenticate(request, "LeaseTasks")
-        leases = self.coordinator.lease_tasks(
-            request.node_id, request.count, request.group_size, request.max_new_tokens
-        )
-        return swarm_pb2.LeaseTasksResponse(leases=[convert.task_lease(x) for x in leases])
+    @authenticated("LeaseTasks")
+    def LeaseTasks(self, request: swarm_pb2.LeaseTasksRequest, context: Any,  # noqa: N802
+                   node: NodeRecord) -> Any:
+        granted = leases.lease_tasks(self.ctx, node, request.count, request.group_size,
+                                     request.max_new_tokens)
+        return swarm_pb2.LeaseTasksResponse(leases=[convert.task_lease(x) for x in granted])
 
     @in_band_errors(swarm_pb2.SubmitBundleResponse)
     def SubmitBundle(self, request: swarm_pb2.SubmitBundleRequest, context: Any) -> Any:  # noqa: N802
-        record = self.coordinator.submit_bundle(request.envelope)
+        record = bundles.submit_bundle(self.ctx, request.envelope)
         return swarm_pb2.SubmitBundleResponse(
             bundle_id=record.bundle_id,
             verified_rewards=record.verified_rewards,
@@ -109,35 +126,26 @@ class SwarmService(swarm_pb2_grpc.SwarmServicer):
         )
 
     @in_band_errors(swarm_pb2.PullBundlesResponse)
-    def PullBundles(self, request: swarm_pb2.PullBundlesRequest, context: Any) -> Any:  # noqa: N802
-        self.coordinator.authenticate(request, "PullBundles")
-        bundles, next_cursor = self.coordinator.pull_bundles(
-            request.node_id,
-            request.cursor,
-            request.max_bundles,
-            request.tokenizer_fingerprint,
-            request.skip_zero_variance,
-        )
-        return swarm_pb2.PullBundlesResponse(
-            bundles=[convert.relayed_bundle(b) for b in bundles], next_cursor=next_cursor
-        )
+    @authenticated("PullBundles")
+    def PullBundles(self, request: swarm_pb2.PullBundlesRequest, context: Any,  # noqa: N802
+                    node: NodeRecord) -> Any:
+        page = relay.pull_bundles(self.ctx, node, request.cursor, request.max_bundles,
+                                  request.tokenizer_fingerprint, request.skip_zero_variance)
+        return convert.relay_page_bytes(page)
 
     @in_band_errors(swarm_pb2.ReportMetricsResponse)
-    def ReportMetrics(self, request: swarm_pb2.ReportMetricsRequest, context: Any) -> Any:  # noqa: N802
-        self.coordinator.authenticate(request, "ReportMetrics")
-        self.coordinator.report_metrics(
-            request.node_id, request.step, dict(request.values), list(request.feedback)
-        )
+    @authenticated("ReportMetrics")
+    def ReportMetrics(self, request: swarm_pb2.ReportMetricsRequest, context: Any,  # noqa: N802
+                      node: NodeRecord) -> Any:
+        feedback.report_metrics(self.ctx, node, request.step, dict(request.values),
+                                list(request.feedback))
         return swarm_pb2.ReportMetricsResponse()
 
     @in_band_errors(swarm_pb2.UploadTokenizerResponse)
-    def UploadTokenizer(  # noqa: N802
-        self, request: swarm_pb2.UploadTokenizerRequest, context: Any
-    ) -> Any:
-        self.coordinator.authenticate(request, "UploadTokenizer")
-        self.coordinator.upload_tokenizer(
-            request.node_id, request.fingerprint, request.tokenizer_json_gz
-        )
+    @authenticated("UploadTokenizer")
+    def UploadTokenizer(self, request: swarm_pb2.UploadTokenizerRequest,  # noqa: N802
+                        context: Any, node: NodeRecord) -> Any:
+        nodes.upload_tokenizer(self.ctx, node, request.fingerprint, request.tokenizer_json_gz)
         return swarm_pb2.UploadTokenizerResponse()
 
 
@@ -184,6 +192,11 @@ def _refusing(
     return handle
 
 
+def _serialize(response: Any) -> bytes:
+    """Messages are serialized; bytes (a relay page written by ``convert``) go as they are."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
 def add_swarm_service(servicer: SwarmService, server: grpc.Server, limits: dict[str, int]) -> None:
     """Register ``servicer`` on ``server`` with per-method request size limits (bytes,
     checked before decoding → in-band REQUEST_TOO_LARGE). Same wire contract as the
@@ -193,7 +206,7 @@ def add_swarm_service(servicer: SwarmService, server: grpc.Server, limits: dict[
         handlers[method] = grpc.unary_unary_rpc_method_handler(
             _refusing(getattr(servicer, method), response_cls, method),
             request_deserializer=_bounded_deserializer(request_cls, limits[method]),
-            response_serializer=response_cls.SerializeToString,
+            response_serializer=_serialize,
         )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("ftis.v1.Swarm", handlers),)

@@ -3,17 +3,18 @@
 Records are frozen dataclasses, detached from any database session, so that callers
 (verification, servicers, tests) never touch the ORM.
 
-Rejected submissions change nothing in nodes, leases or bundles: the only write is
-one audit row in the verdict log. Per-node rejection counts are *derived* from that
-log (``bundles_rejected``, ``rejections_by_code``). Exceptions, documented in
-docs/error-codes.md: reputation evidence rows, and a *proof* rejection (TEXT_MISMATCH,
-PROMPT_MISMATCH), which stores the signed envelope and, with ``auto_ban_on_proof``,
-bans the sender.
+Rejected submissions change nothing in nodes, leases or bundles: the writes are one
+audit row in the verdict log and, for a registered signer, its rejection counter
+(``bundles_rejected``, kept beside its reputation, not in ``nodes``; ``rejections_by_code``
+is counted from the log). Exceptions, documented in docs/error-codes.md: reputation
+evidence rows, and a *proof* rejection (TEXT_MISMATCH, PROMPT_MISMATCH), which stores
+the signed envelope and, with ``auto_ban_on_proof``, bans the sender.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
@@ -45,6 +46,7 @@ class NodeRecord:
     banned: bool
     ban_reason: str
     bundles_accepted: int
+    #: Rejected submissions since registration (a counter; the verdict log has details).
     bundles_rejected: int
     reward_mismatches: int
     completions: int
@@ -176,8 +178,153 @@ class StatsRecord:
     quarantined_nodes: int = 0
 
 
+#: ``update(standing, bundles_accepted) -> standing``: a pure reputation step (decay to
+#: now, add the events, re-evaluate quarantine), e.g. ``reputation.apply`` with its
+#: events, time and policy bound. The state calls it with the row locked, so concurrent
+#: writers (threads or worker processes) never lose an update; storage does no
+#: reputation arithmetic of its own.
+StandingUpdate = Callable[[Standing, int], Standing]
+
+
+@dataclass(frozen=True)
+class SubmissionSnapshot:
+    """Everything verifying one submission needs, read in one transaction.
+
+    Attributes:
+        node: the signer, ``None`` if unknown.
+        lease: the lease of the bundle's ``task_id``, ``None`` if unknown.
+        already_stored: a bundle with this id is stored (identical resubmission).
+        negative_reporters: distinct reporters with negative feedback evidence on the
+            signer since ``since_ms`` (dispute check).
+        recent_submissions: the signer's verdict rows (accepted or rejected) with
+            ``at_ms >= window_start_ms``; with ``recent_bytes`` (the ``size_bytes`` of
+            its bundles stored in that window) the per-minute quota, shared by every
+            worker process because it lives in the database.
+    """
+
+    node: NodeRecord | None
+    lease: LeaseRecord | None
+    already_stored: bool
+    negative_reporters: frozenset[str] = frozenset()
+    recent_submissions: int = 0
+    recent_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one submission, written by :meth:`State.commit_submission` in one
+    transaction (issue 12: nothing acknowledged exists without its evidence).
+
+    Attributes:
+        node_id: the signer (``None`` when the signature did not verify: nothing but the
+            verdict row is written then).
+        bundle_id: hex SHA-256 of the payload, if it was decoded.
+        code: 0 for accepted, else the rejecting ``ErrorCode``.
+        reason: one line.
+        bundle: the row to store; set iff ``code == 0``.
+        evidence: reputation events on ``node_id``.
+        proof_envelope: the signed envelope kept as proof (TEXT_MISMATCH,
+            PROMPT_MISMATCH), or ``None``.
+        ban_reason: ban ``node_id`` with this reason (auto-ban on proof), or ``None``.
+    """
+
+    node_id: str | None
+    bundle_id: str | None
+    code: int
+    reason: str
+    bundle: NewBundle | None = None
+    evidence: tuple[Evidence, ...] = ()
+    proof_envelope: bytes | None = None
+    ban_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class CommittedVerdict:
+    """What :meth:`State.commit_submission` wrote: the stored bundle (accepted only),
+    the signer after its evidence (``None`` if no node), and the proof id, if any."""
+
+    bundle: BundleRecord | None
+    node: NodeRecord | None
+    proof_id: int | None = None
+
+
 class State(abc.ABC):
-    """Storage operations the coordinator needs. Implementations must be thread-safe."""
+    """Storage operations the coordinator needs. Implementations must be thread-safe
+    and, on a server database, safe for several worker processes."""
+
+    # -- the submit path (one read, one write) ---------------------------------
+    @abc.abstractmethod
+    def submission_snapshot(
+        self, node_id: str, task_id: str, bundle_id: str, since_ms: int, window_start_ms: int
+    ) -> SubmissionSnapshot:
+        """One read transaction (one consistent snapshot): see :class:`SubmissionSnapshot`.
+        Writes nothing."""
+
+    @abc.abstractmethod
+    def commit_submission(
+        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None
+    ) -> CommittedVerdict:
+        """One write transaction: the verdict row; for ``code == 0`` the bundle (answers
+        its lease with a conditional update, is stored with ``stored_quarantined`` = the
+        signer's quarantine *before* this verdict's evidence, bumps the node's counters,
+        ``last_seen_ms`` and ``policy_version``); the evidence rows and the node's
+        standing (``update(standing, bundles_accepted)`` with the node locked and
+        ``bundles_accepted`` counting this bundle; required when ``verdict.evidence`` is
+        non-empty); the proof row; the ban. For a rejection of a registered node its
+        ``bundles_rejected`` counter goes up by one.
+
+        When ``verdict.node_id`` is ``None`` or names no registered node, only the verdict
+        row is written (evidence, proof and ban need a node row).
+
+        Returns:
+            The stored bundle (``code == 0``), the node after the write (``None`` if no
+            node) and the proof id (``None`` if no proof was kept).
+
+        Raises:
+            FtisError: BUNDLE_REPLAYED if the lease was answered (or a bundle with this
+                id stored) concurrently; NODE_UNKNOWN for ``code == 0`` from an unknown
+                node. Nothing is written then: the caller commits a rejection verdict.
+            ValueError: a bundle without ``code == 0`` (or the reverse), a bundle of
+                another node than ``verdict.node_id``, or evidence without ``update``.
+        """
+
+    @abc.abstractmethod
+    def record_seen(self, seen: Mapping[str, tuple[int, int | None]]) -> None:
+        """Batch update of last-seen times in one transaction: ``{node_id:
+        (last_seen_ms, policy_version or None)}``. ``last_seen_ms`` only moves forward:
+        an entry older than the stored time changes nothing (its policy version is stale
+        too); ``None`` keeps the stored policy version; unknown nodes are skipped."""
+
+    @abc.abstractmethod
+    def apply_evidence_many(
+        self, events: list[tuple[str, Evidence]], now_ms: int,
+        update: Callable[[list[Evidence]], StandingUpdate],
+    ) -> dict[str, NodeRecord]:
+        """In one transaction, for each node named in ``events``: lock it (all of them
+        first, in ``node_id`` order, so concurrent callers cannot deadlock), apply
+        ``update(its events)`` to its standing (``(standing, bundles_accepted)``), append
+        its evidence rows (``at_ms = now_ms``). Returns the nodes after, in order of
+        first appearance (``{}`` for no events). Raises FtisError NODE_UNKNOWN if any
+        node is unknown (nothing written)."""
+
+    @abc.abstractmethod
+    def lease_block(
+        self, node_id: str, count: int, now_ms: int, max_outstanding: int,
+        make: Callable[[int], list[LeaseRecord]],
+    ) -> list[LeaseRecord]:
+        """In one transaction, serialised per node across workers: count the node's
+        unanswered, unexpired leases (``deadline_ms >= now_ms``); if that plus ``count``
+        exceeds ``max_outstanding`` raise FtisError LEASE_LIMIT (``"<n> leases
+        outstanding + <count> requested > limit <max>; submit or let them expire"``,
+        nothing reserved); else reserve ``count`` task numbers from the one shared draw
+        counter (``start`` = the counter before, starting at 0), insert ``make(start)``
+        (the leases of numbers ``start .. start + count - 1``) and return it. No task
+        number is ever reserved twice. Raises FtisError NODE_UNKNOWN for an unknown
+        node; ``count`` may be 0."""
+
+    @abc.abstractmethod
+    def task_numbers_reserved(self) -> int:
+        """The shared draw counter (task numbers handed out so far)."""
 
     # -- nodes -----------------------------------------------------------------
     @abc.abstractmethod
@@ -252,7 +399,8 @@ class State(abc.ABC):
     def record_rejection(
         self, node_id: str | None, bundle_id: str | None, code: int, reason: str, now_ms: int
     ) -> None:
-        """Append a rejecting verdict to the audit log (nothing else changes)."""
+        """Append a rejecting verdict to the audit log and bump the node's
+        ``bundles_rejected`` (if registered); nodes, leases and bundles are unchanged."""
 
     @abc.abstractmethod
     def pull_bundles(

@@ -1,9 +1,25 @@
 """SQLAlchemy 2 implementation of :class:`State` (SQLite file, ``sqlite://`` in memory,
-PostgreSQL).
+PostgreSQL through psycopg 3).
 
-SQLite connections run with ``journal_mode=WAL``, ``synchronous=FULL`` and foreign keys
-on; all operations on SQLite are serialised by a process-wide lock (SQLite has one
-writer anyway, and the in-memory database shares one connection).
+The schema is managed by Alembic (:mod:`ftis.coordinator.state.migrate`): opening a
+database runs ``upgrade head`` (a database made before migrations is stamped at the
+first revision first). The ORM models below must match the newest revision;
+``tests/state/test_migrations.py`` compares them.
+
+Transactions:
+
+* PostgreSQL: READ COMMITTED; every read-modify-write locks the rows it changes
+  (``SELECT ... FOR UPDATE``), always a node's ``nodes`` row before its ``reputation``
+  row, several nodes in ``node_id`` order, so worker processes never lose updates and
+  never deadlock. :meth:`SqlState.submission_snapshot` runs REPEATABLE READ, READ ONLY.
+* SQLite: ``journal_mode=WAL``, ``synchronous=FULL`` (an acknowledged bundle survives a
+  crash), foreign keys on. Write transactions start with ``BEGIN IMMEDIATE`` (SQLAlchemy's
+  pysqlite recipe: the driver's own BEGIN is switched off), so two processes on one file
+  queue on the write lock (``busy_timeout`` 30 s) instead of deadlocking, and writers of
+  one process also take a process-wide lock (no busy-wait between threads). Read-only
+  transactions on a file skip that lock and use their own pooled connection: in WAL mode
+  readers see a consistent snapshot and do not wait for the writer. The in-memory
+  database (``sqlite://``) has one shared connection, so reads take the lock too.
 """
 
 from __future__ import annotations
@@ -13,9 +29,10 @@ import dataclasses
 import json
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from alembic.util import CommandError
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -27,11 +44,12 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
+    bindparam,
     case,
     create_engine,
     event,
+    exists,
     func,
-    inspect,
     or_,
     select,
     text,
@@ -45,18 +63,25 @@ from ftis.coordinator import reputation
 from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
 from ftis.coordinator.state.base import (
     BundleRecord,
+    CommittedVerdict,
     DatabaseError,
     EvidenceRecord,
     LeaseRecord,
     NewBundle,
     NodeRecord,
+    StandingUpdate,
     State,
     StatsRecord,
+    SubmissionSnapshot,
+    Verdict,
 )
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.tasks.source import TaskEntry
 
 _Id = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrement needs INTEGER
+
+#: The ``counters`` row of task numbers reserved by :meth:`SqlState.lease_block`.
+TASK_DRAWS = "task_draws"
 
 
 class Base(DeclarativeBase):
@@ -89,7 +114,8 @@ class NodeRow(Base):
 class ReputationRow(Base):
     """A node's reputation (reputation.py): evidence decayed to ``updated_ms`` and the
     quarantine flag, kept current on every evidence event so that relay filtering is
-    one query. A separate table so that a rejected submission leaves ``nodes`` as is."""
+    one query; and the node's rejection counter. A separate table so that a rejected
+    submission leaves ``nodes`` as is."""
 
     __tablename__ = "reputation"
 
@@ -98,6 +124,8 @@ class ReputationRow(Base):
     bad: Mapped[float] = mapped_column(Float, default=0.0)
     updated_ms: Mapped[int] = mapped_column(BigInteger, default=0)
     quarantined: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+    #: Rejected submissions of this node (revision 0002; backfilled from ``verdicts``).
+    bundles_rejected: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class LeaseRow(Base):
@@ -119,11 +147,15 @@ class LeaseRow(Base):
 
 class BundleRow(Base):
     __tablename__ = "bundles"
-    __table_args__ = {"sqlite_autoincrement": True}  # sequences are never reused
+    __table_args__ = (
+        # the per-minute byte quota of one node (submission_snapshot)
+        Index("ix_bundles_node_stored", "node_id", "stored_at_ms"),
+        {"sqlite_autoincrement": True},  # sequences are never reused
+    )
 
     sequence: Mapped[int] = mapped_column(_Id, primary_key=True, autoincrement=True)
     bundle_id: Mapped[str] = mapped_column(String(64), unique=True)
-    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), index=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"))
     task_id: Mapped[str] = mapped_column(String(64))
     # UNIQUE: the database-level replay guard (one bundle per lease).
     lease_id: Mapped[str] = mapped_column(ForeignKey("leases.lease_id"), unique=True)
@@ -149,10 +181,12 @@ class VerdictRow(Base):
     """Audit log: one row per accepted (code 0) or rejected bundle submission."""
 
     __tablename__ = "verdicts"
+    # the per-minute submission quota of one node (submission_snapshot)
+    __table_args__ = (Index("ix_verdicts_node_at", "node_id", "at_ms"),)
 
     id: Mapped[int] = mapped_column(_Id, primary_key=True, autoincrement=True)
     # Not a foreign key: rejections of unregistered senders are logged too.
-    node_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    node_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     bundle_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     code: Mapped[int] = mapped_column(Integer, index=True)
     reason: Mapped[str] = mapped_column(Text, default="")
@@ -185,10 +219,14 @@ class EvidenceRow(Base):
     """Every reputation observation (weight as applied, before decay)."""
 
     __tablename__ = "evidence"
-    __table_args__ = (Index("ix_evidence_feedback", "reporter_node_id", "node_id", "at_ms"),)
+    __table_args__ = (
+        Index("ix_evidence_feedback", "reporter_node_id", "node_id", "at_ms"),
+        # a node's evidence (list_evidence) and its negative reporters (dispute check)
+        Index("ix_evidence_node_kind_at", "node_id", "kind", "at_ms"),
+    )
 
     id: Mapped[int] = mapped_column(_Id, primary_key=True, autoincrement=True)
-    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), index=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"))
     at_ms: Mapped[int] = mapped_column(BigInteger)
     kind: Mapped[str] = mapped_column(String(64))
     weight: Mapped[float] = mapped_column(Float)
@@ -220,26 +258,14 @@ class SettingRow(Base):
     at_ms: Mapped[int] = mapped_column(BigInteger)
 
 
-#: Columns added after the first release: ``(table, column, SQL type, default)``;
-#: added to existing databases on open.
-_ADDED_COLUMNS = [
-    ("bundles", "text_verified", "BOOLEAN", "FALSE"),
-    ("bundles", "stored_quarantined", "BOOLEAN", "FALSE"),
-]
+class CounterRow(Base):
+    """Named counters shared by every worker process (``task_draws``: task numbers
+    reserved so far), advanced with ``UPDATE ... RETURNING``."""
 
+    __tablename__ = "counters"
 
-def _add_missing_columns(engine: Any) -> None:
-    inspector = inspect(engine)
-    with engine.begin() as conn:
-        for table, column, sql_type, default in _ADDED_COLUMNS:
-            present = {c["name"] for c in inspector.get_columns(table)}
-            if column not in present:
-                conn.execute(
-                    text(
-                        f"ALTER TABLE {table} ADD COLUMN {column} {sql_type} "
-                        f"NOT NULL DEFAULT {default}"
-                    )
-                )
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)
 
 
 def _encode_metrics(values: dict[str, float]) -> dict[str, float | str]:
@@ -251,7 +277,9 @@ def _decode_metrics(values: dict[str, Any] | None) -> dict[str, float]:
     return {k: float(v) for k, v in (values or {}).items()}
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # The driver must not emit BEGIN itself: _sqlite_begin does (IMMEDIATE for writes).
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute("PRAGMA journal_mode=WAL")
@@ -262,54 +290,103 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
+def _sqlite_begin(conn: Any) -> None:
+    if conn.get_execution_options().get("ftis_write"):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    else:
+        conn.exec_driver_sql("BEGIN")
+
+
+def normalize_url(url: str) -> str:
+    """``postgresql://`` / ``postgres://`` URLs use psycopg 3 (the driver we ship)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def _clean(value: str | None) -> str | None:
+    """Text for a column: NUL characters (which PostgreSQL refuses in text columns, and
+    which signed payloads may carry) become U+FFFD."""
+    if value and "\x00" in value:
+        return value.replace("\x00", "\ufffd")
+    return value
+
+
+def _storable(*keys: str | None) -> bool:
+    """False if a lookup key holds NUL: no stored id does (ids are hex or uuids), and
+    PostgreSQL would refuse the query instead of finding nothing."""
+    return not any(k and "\x00" in k for k in keys)
+
+
+def _escape_like(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 class SqlState(State):
     """:class:`State` on any SQLAlchemy URL.
 
     Args:
         url: e.g. ``sqlite:///var/ftis.db``, ``sqlite://`` (in memory, one shared
-            connection; for tests) or ``postgresql+psycopg://user@host/db``.
+            connection; for tests) or ``postgresql+psycopg://user@host/db``
+            (``postgresql://`` means the same).
 
     Raises:
-        DatabaseError: if the database cannot be reached or the tables not created.
+        DatabaseError: if the database cannot be reached or migrated.
     """
 
     def __init__(self, url: str) -> None:
+        from ftis.coordinator.state import migrate
+
+        url = normalize_url(url)
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        self.is_postgres = url.startswith("postgresql")
+        memory = False
         kwargs: dict[str, Any] = {}
         if self.is_sqlite:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
             if url in ("sqlite://", "sqlite:///:memory:") or "mode=memory" in url:
                 kwargs["poolclass"] = StaticPool
+                memory = True
         else:
             kwargs["pool_pre_ping"] = True
         try:
             self.engine = create_engine(url, **kwargs)
             if self.is_sqlite:
-                event.listen(self.engine, "connect", _sqlite_pragmas)
-            Base.metadata.create_all(self.engine)
-            _add_missing_columns(self.engine)
-        except (SQLAlchemyError, ImportError, ValueError) as exc:
+                event.listen(self.engine, "connect", _sqlite_connect)
+                event.listen(self.engine, "begin", _sqlite_begin)
+            self._write_engine = self.engine.execution_options(ftis_write=True)
+            migrate.upgrade(self._write_engine)
+        except (SQLAlchemyError, CommandError, ImportError, ValueError, OSError) as exc:
+            with contextlib.suppress(Exception):
+                self.engine.dispose()
             raise DatabaseError(f"cannot open database {url!r}: {exc}") from exc
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._lock: contextlib.AbstractContextManager[Any] = (
+        self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
+        self._reads = sessionmaker(self.engine, expire_on_commit=False)
+        lock: contextlib.AbstractContextManager[Any] = (
             threading.RLock() if self.is_sqlite else contextlib.nullcontext()
         )
+        self._write_lock = lock
+        self._read_lock = lock if memory else contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def _session(self) -> Iterator[Session]:
-        """A session in one transaction, committed on success, rolled back on error."""
-        with self._lock, self._sessions() as session, session.begin():
+    def _write(self) -> Iterator[Session]:
+        """A read-write transaction, committed on success, rolled back on error."""
+        with self._write_lock, self._writes() as session, session.begin():
             yield session
 
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Session]:
+        """A read-only transaction (nothing may be written in it)."""
+        with self._read_lock, self._reads() as session, session.begin():
+            yield session
+
+    _session = _write  # the name older helpers use
+
     # -- conversions -------------------------------------------------------------
-    def _node_record(self, session: Session, row: NodeRow) -> NodeRecord:
-        rejected = session.scalar(
-            select(func.count(VerdictRow.id)).where(
-                VerdictRow.node_id == row.node_id, VerdictRow.code != 0
-            )
-        )
-        rep = session.get(ReputationRow, row.node_id)
+    @staticmethod
+    def _node_record(row: NodeRow, rep: ReputationRow | None) -> NodeRecord:
         return NodeRecord(
             node_id=row.node_id,
             public_key=row.public_key,
@@ -321,10 +398,10 @@ class SqlState(State):
             registered_at_ms=row.registered_at_ms,
             last_seen_ms=row.last_seen_ms,
             policy_version=row.policy_version,
-            banned=row.banned,
+            banned=bool(row.banned),
             ban_reason=row.ban_reason,
             bundles_accepted=row.bundles_accepted,
-            bundles_rejected=int(rejected or 0),
+            bundles_rejected=int(rep.bundles_rejected or 0) if rep is not None else 0,
             reward_mismatches=row.reward_mismatches,
             completions=row.completions,
             completion_tokens=row.completion_tokens,
@@ -335,6 +412,19 @@ class SqlState(State):
             rep_updated_ms=rep.updated_ms if rep is not None else row.registered_at_ms,
             quarantined=bool(rep.quarantined) if rep is not None else False,
         )
+
+    @staticmethod
+    def _nodes_query() -> Any:
+        """``(NodeRow, ReputationRow | None)`` pairs: one query per NodeRecord read."""
+        return select(NodeRow, ReputationRow).outerjoin(
+            ReputationRow, ReputationRow.node_id == NodeRow.node_id
+        )
+
+    def _read_node(self, session: Session, node_id: str) -> NodeRecord | None:
+        if not _storable(node_id):
+            return None
+        pair = session.execute(self._nodes_query().where(NodeRow.node_id == node_id)).first()
+        return None if pair is None else self._node_record(*pair)
 
     @staticmethod
     def _lease_record(row: LeaseRow) -> LeaseRecord:
@@ -350,6 +440,22 @@ class SqlState(State):
             issued_at_ms=row.issued_at_ms,
             deadline_ms=row.deadline_ms,
             bundle_id=row.bundle_id,
+        )
+
+    @staticmethod
+    def _lease_row(lease: LeaseRecord) -> LeaseRow:
+        return LeaseRow(
+            lease_id=lease.lease_id,
+            task_id=lease.task_id,
+            node_id=lease.node_id,
+            dataset=lease.dataset,
+            spec_index=lease.spec_index,
+            entry_json=lease.entry.to_json(),
+            group_size=lease.group_size,
+            max_new_tokens=lease.max_new_tokens,
+            issued_at_ms=lease.issued_at_ms,
+            deadline_ms=lease.deadline_ms,
+            bundle_id=None,
         )
 
     @staticmethod
@@ -375,6 +481,289 @@ class SqlState(State):
             text_verified=bool(row.text_verified),
         )
 
+    # -- the submit path -----------------------------------------------------------
+    def submission_snapshot(
+        self, node_id: str, task_id: str, bundle_id: str, since_ms: int, window_start_ms: int
+    ) -> SubmissionSnapshot:
+        if not _storable(node_id, bundle_id):  # no such node or bundle
+            return SubmissionSnapshot(node=None, lease=None, already_stored=False)
+        with self._read() as session:
+            if self.is_postgres:  # one snapshot for every statement below
+                session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
+            node = self._read_node(session, node_id)
+            lease_row = (
+                session.scalar(select(LeaseRow).where(LeaseRow.task_id == task_id))
+                if _storable(task_id)
+                else None
+            )
+            recent = (
+                select(func.count(VerdictRow.id))
+                .where(VerdictRow.node_id == node_id, VerdictRow.at_ms >= window_start_ms,
+                       # refusals by the quota itself do not count against it
+                       VerdictRow.code != int(ErrorCode.RATE_LIMITED))
+                .scalar_subquery()
+            )
+            recent_bytes = (
+                select(func.coalesce(func.sum(BundleRow.size_bytes), 0))
+                .where(BundleRow.node_id == node_id, BundleRow.stored_at_ms >= window_start_ms)
+                .scalar_subquery()
+            )
+            stored, n_recent, n_bytes = session.execute(
+                select(exists().where(BundleRow.bundle_id == bundle_id), recent, recent_bytes)
+            ).one()
+            reporters = self._negative_reporters(session, node_id, since_ms)
+            return SubmissionSnapshot(
+                node=node,
+                lease=None if lease_row is None else self._lease_record(lease_row),
+                already_stored=bool(stored),
+                negative_reporters=frozenset(reporters),
+                recent_submissions=int(n_recent or 0),
+                recent_bytes=int(n_bytes or 0),
+            )
+
+    def _answer_lease_and_insert(
+        self, session: Session, bundle: NewBundle, now_ms: int, stored_quarantined: bool
+    ) -> BundleRecord:
+        """Mark the lease answered (conditional UPDATE: the replay guard) and insert the
+        bundle. Raises BUNDLE_REPLAYED (the caller rolls back)."""
+        leases = LeaseRow.__table__
+        dataset = session.execute(
+            update(leases)
+            .where(leases.c.lease_id == bundle.lease_id, leases.c.bundle_id.is_(None))
+            .values(bundle_id=bundle.bundle_id)
+            .returning(leases.c.dataset)
+        ).scalar()
+        if dataset is None:
+            raise FtisError(ErrorCode.BUNDLE_REPLAYED, f"lease {bundle.lease_id} already answered")
+        row = BundleRow(
+            bundle_id=bundle.bundle_id,
+            node_id=bundle.node_id,
+            task_id=bundle.task_id,
+            lease_id=bundle.lease_id,
+            fingerprint=bundle.fingerprint,
+            envelope=bundle.envelope,
+            verified_rewards=list(bundle.verified_rewards),
+            mean_reward=bundle.mean_reward,
+            zero_variance=bundle.zero_variance,
+            completions=bundle.completions,
+            completion_tokens=bundle.completion_tokens,
+            size_bytes=bundle.size_bytes,
+            reward_mismatches=bundle.reward_mismatches,
+            policy_version=bundle.policy_version,
+            stored_at_ms=now_ms,
+            text_verified=bundle.text_verified,
+            stored_quarantined=stored_quarantined,
+        )
+        session.add(row)
+        session.flush()
+        return self._bundle_record(row, dataset)
+
+    def commit_submission(
+        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None
+    ) -> CommittedVerdict:
+        if verdict.evidence and update is None:
+            raise ValueError("commit_submission: evidence needs an update function")
+        if (verdict.code == 0) != (verdict.bundle is not None):
+            raise ValueError("commit_submission: a bundle iff code == 0")
+        if verdict.bundle is not None and verdict.bundle.node_id != verdict.node_id:
+            raise ValueError("commit_submission: the bundle's node is not the verdict's")
+        try:
+            with self._write() as session:
+                node = rep = None
+                if verdict.node_id is not None:
+                    node = session.get(NodeRow, verdict.node_id, with_for_update=True)
+                if node is not None:
+                    rep = self._reputation_row(session, node)
+                stored: BundleRecord | None = None
+                bundle = verdict.bundle
+                if bundle is not None:
+                    if node is None or rep is None:
+                        raise FtisError(
+                            ErrorCode.NODE_UNKNOWN, f"no node {bundle.node_id[:64]!r}"
+                        )
+                    # quarantine as it was before this submission's evidence
+                    stored = self._answer_lease_and_insert(
+                        session, bundle, now_ms, bool(rep.quarantined)
+                    )
+                    node.bundles_accepted += 1
+                    node.reward_mismatches += bundle.reward_mismatches
+                    node.completions += bundle.completions
+                    node.completion_tokens += bundle.completion_tokens
+                    node.last_seen_ms = now_ms
+                    node.policy_version = bundle.policy_version
+                elif rep is not None:
+                    rep.bundles_rejected = (rep.bundles_rejected or 0) + 1
+                session.add(
+                    VerdictRow(
+                        node_id=_clean(verdict.node_id),
+                        bundle_id=_clean(verdict.bundle_id),
+                        code=int(verdict.code),
+                        reason=_clean(verdict.reason),
+                        at_ms=now_ms,
+                    )
+                )
+                proof_id: int | None = None
+                if node is not None and rep is not None:
+                    if verdict.proof_envelope is not None:
+                        proof = ProofRow(
+                            node_id=node.node_id,
+                            bundle_id=_clean(verdict.bundle_id) or "",
+                            code=int(verdict.code),
+                            envelope=verdict.proof_envelope,
+                            at_ms=now_ms,
+                        )
+                        session.add(proof)
+                        session.flush()
+                        proof_id = int(proof.id)
+                    if verdict.evidence:
+                        assert update is not None
+                        self._apply_update(
+                            session, node, rep, list(verdict.evidence), now_ms, update
+                        )
+                    if verdict.ban_reason is not None:
+                        node.banned = True
+                        node.ban_reason = verdict.ban_reason
+                session.flush()
+                record = self._node_record(node, rep) if node is not None else None
+                return CommittedVerdict(bundle=stored, node=record, proof_id=proof_id)
+        except IntegrityError as exc:
+            if verdict.bundle is None:
+                raise
+            raise FtisError(
+                ErrorCode.BUNDLE_REPLAYED,
+                f"lease {verdict.bundle.lease_id} or bundle already stored",
+            ) from exc
+
+    def record_seen(self, seen: Mapping[str, tuple[int, int | None]]) -> None:
+        if not seen:
+            return
+        nodes = NodeRow.__table__
+        statement = (
+            update(nodes)
+            .where(nodes.c.node_id == bindparam("b_node"),
+                   nodes.c.last_seen_ms <= bindparam("b_seen"))
+            .values(
+                last_seen_ms=bindparam("b_seen"),
+                policy_version=func.coalesce(
+                    bindparam("b_policy", type_=BigInteger), nodes.c.policy_version
+                ),
+            )
+        )
+        # node_id order: rows are locked in the same order as in apply_evidence_many
+        params = [
+            {"b_node": node_id, "b_seen": int(at), "b_policy": policy}
+            for node_id, (at, policy) in sorted(seen.items())
+            if _storable(node_id)
+        ]
+        if not params:
+            return
+        with self._write() as session:
+            session.connection().execute(statement, params)
+
+    def apply_evidence_many(
+        self, events: list[tuple[str, Evidence]], now_ms: int,
+        update: Callable[[list[Evidence]], StandingUpdate],
+    ) -> dict[str, NodeRecord]:
+        by_node: dict[str, list[Evidence]] = {}
+        for node_id, evidence in events:
+            by_node.setdefault(node_id, []).append(evidence)
+        if not by_node:
+            return {}
+        ids = sorted(by_node)
+        unknown = [n for n in ids if not _storable(n)]
+        if unknown:
+            raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {_clean(unknown[0][:64])!r}")
+        with self._write() as session:
+            nodes = {
+                row.node_id: row
+                for row in session.scalars(
+                    select(NodeRow)
+                    .where(NodeRow.node_id.in_(ids))
+                    .order_by(NodeRow.node_id)
+                    .with_for_update()
+                )
+            }
+            missing = [n for n in ids if n not in nodes]
+            if missing:
+                raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {missing[0][:64]!r}")
+            reps = {
+                row.node_id: row
+                for row in session.scalars(
+                    select(ReputationRow)
+                    .where(ReputationRow.node_id.in_(ids))
+                    .order_by(ReputationRow.node_id)
+                    .with_for_update()
+                )
+            }
+            out: dict[str, NodeRecord] = {}
+            for node_id, node_events in by_node.items():
+                node = nodes[node_id]
+                rep = reps.get(node_id) or self._reputation_row(session, node)
+                self._apply_update(
+                    session, node, rep, node_events, now_ms, update(node_events)
+                )
+            session.flush()
+            for node_id in by_node:
+                out[node_id] = self._node_record(nodes[node_id], reps.get(node_id)
+                                                 or session.get(ReputationRow, node_id))
+            return out
+
+    def lease_block(
+        self, node_id: str, count: int, now_ms: int, max_outstanding: int,
+        make: Callable[[int], list[LeaseRecord]],
+    ) -> list[LeaseRecord]:
+        if count < 0:
+            raise ValueError(f"lease_block: count {count} < 0")
+        with self._write() as session:
+            # The node's row lock serialises lease_block calls for one node across
+            # workers (on SQLite, BEGIN IMMEDIATE serialises every writer).
+            node = session.get(NodeRow, node_id, with_for_update=True)
+            if node is None:
+                raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {node_id[:64]!r}")
+            outstanding = int(
+                session.scalar(
+                    select(func.count(LeaseRow.lease_id)).where(
+                        LeaseRow.node_id == node_id,
+                        LeaseRow.bundle_id.is_(None),
+                        LeaseRow.deadline_ms >= now_ms,
+                    )
+                )
+                or 0
+            )
+            if outstanding + count > max_outstanding:
+                raise FtisError(
+                    ErrorCode.LEASE_LIMIT,
+                    f"{outstanding} leases outstanding + {count} requested > "
+                    f"limit {max_outstanding}; submit or let them expire",
+                )
+            start = self._reserve(session, TASK_DRAWS, count)
+            leases = list(make(start))
+            session.add_all(self._lease_row(lease) for lease in leases)
+            session.flush()
+            return leases
+
+    @staticmethod
+    def _reserve(session: Session, name: str, n: int) -> int:
+        """Advance counter ``name`` by ``n``; returns its value before."""
+        counters = CounterRow.__table__
+        after = session.execute(
+            update(counters)
+            .where(counters.c.name == name)
+            .values(value=counters.c.value + n)
+            .returning(counters.c.value)
+        ).scalar()
+        if after is None:  # the row is made by revision 0002; only if someone removed it
+            issued = int(session.scalar(select(func.count(LeaseRow.lease_id))) or 0)
+            session.add(CounterRow(name=name, value=issued + n))
+            session.flush()
+            return issued
+        return int(after) - n
+
+    def task_numbers_reserved(self) -> int:
+        with self._read() as session:
+            value = session.scalar(select(CounterRow.value).where(CounterRow.name == TASK_DRAWS))
+            return int(value or 0)
+
     # -- nodes -------------------------------------------------------------------
     def upsert_node(
         self,
@@ -388,8 +777,23 @@ class SqlState(State):
         client_version: str,
         now_ms: int,
     ) -> NodeRecord:
-        with self._session() as session:
-            row = session.get(NodeRow, node_id)
+        for attempt in range(2):
+            try:
+                return self._upsert_node(
+                    node_id, public_key, display_name, model_card, fingerprint, vocab_size,
+                    client_version, now_ms,
+                )
+            except IntegrityError:  # a concurrent registration of the same node
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _upsert_node(
+        self, node_id: str, public_key: bytes, display_name: str, model_card: bytes,
+        fingerprint: str, vocab_size: int, client_version: str, now_ms: int,
+    ) -> NodeRecord:
+        with self._write() as session:
+            row = session.get(NodeRow, node_id, with_for_update=True)
             if row is None:
                 row = NodeRow(
                     node_id=node_id,
@@ -406,11 +810,13 @@ class SqlState(State):
                     latest_metrics_step=0,
                 )
                 session.add(row)
-                session.add(
-                    ReputationRow(
-                        node_id=node_id, good=0.0, bad=0.0, updated_ms=now_ms, quarantined=False
-                    )
+                rep = ReputationRow(
+                    node_id=node_id, good=0.0, bad=0.0, updated_ms=now_ms, quarantined=False,
+                    bundles_rejected=0,
                 )
+                session.add(rep)
+            else:
+                rep = session.get(ReputationRow, node_id)
             row.display_name = display_name
             row.model_card = model_card
             row.fingerprint = fingerprint
@@ -418,52 +824,54 @@ class SqlState(State):
             row.client_version = client_version
             row.last_seen_ms = now_ms
             session.flush()
-            return self._node_record(session, row)
+            return self._node_record(row, rep)
 
     def get_node(self, node_id: str) -> NodeRecord | None:
-        with self._session() as session:
-            row = session.get(NodeRow, node_id)
-            return None if row is None else self._node_record(session, row)
+        with self._read() as session:
+            return self._read_node(session, node_id)
 
     def resolve_node(self, id_or_prefix: str) -> NodeRecord:
         if not id_or_prefix:
             raise FtisError(ErrorCode.NODE_UNKNOWN, "empty node id")
-        with self._session() as session:
-            row = session.get(NodeRow, id_or_prefix)
-            if row is not None:
-                return self._node_record(session, row)
-            escaped = id_or_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            rows = session.scalars(
-                select(NodeRow).where(NodeRow.node_id.like(escaped + "%", escape="\\")).limit(2)
+        if not _storable(id_or_prefix):
+            raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node matching {id_or_prefix[:64]!r}")
+        with self._read() as session:
+            record = self._read_node(session, id_or_prefix)
+            if record is not None:
+                return record
+            pairs = session.execute(
+                self._nodes_query()
+                .where(NodeRow.node_id.like(_escape_like(id_or_prefix) + "%", escape="\\"))
+                .limit(2)
             ).all()
-            if len(rows) != 1:
-                what = "no node" if not rows else "several nodes"
+            if len(pairs) != 1:
+                what = "no node" if not pairs else "several nodes"
                 raise FtisError(ErrorCode.NODE_UNKNOWN, f"{what} matching {id_or_prefix[:64]!r}")
-            return self._node_record(session, rows[0])
+            return self._node_record(*pairs[0])
 
     def list_nodes(self) -> list[NodeRecord]:
-        with self._session() as session:
-            rows = session.scalars(
-                select(NodeRow).order_by(NodeRow.registered_at_ms, NodeRow.node_id)
+        with self._read() as session:
+            pairs = session.execute(
+                self._nodes_query().order_by(NodeRow.registered_at_ms, NodeRow.node_id)
             ).all()
-            return [self._node_record(session, r) for r in rows]
+            return [self._node_record(row, rep) for row, rep in pairs]
 
     def touch_node(self, node_id: str, now_ms: int, policy_version: int | None = None) -> None:
         values: dict[str, Any] = {"last_seen_ms": now_ms}
         if policy_version is not None:
             values["policy_version"] = policy_version
-        with self._session() as session:
+        with self._write() as session:
             session.execute(update(NodeRow).where(NodeRow.node_id == node_id).values(**values))
 
     def set_ban(self, node_id: str, banned: bool, reason: str = "") -> NodeRecord:
-        with self._session() as session:
-            row = session.get(NodeRow, node_id)
+        with self._write() as session:
+            row = session.get(NodeRow, node_id, with_for_update=True)
             if row is None:
                 raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {node_id[:64]!r}")
             row.banned = banned
             row.ban_reason = reason if banned else ""
             session.flush()
-            return self._node_record(session, row)
+            return self._node_record(row, session.get(ReputationRow, node_id))
 
     # -- leases ------------------------------------------------------------------
     def count_outstanding_leases(self, node_id: str | None, now_ms: int) -> int:
@@ -472,35 +880,22 @@ class SqlState(State):
         )
         if node_id is not None:
             query = query.where(LeaseRow.node_id == node_id)
-        with self._session() as session:
+        with self._read() as session:
             return int(session.scalar(query) or 0)
 
     def insert_leases(self, leases: list[LeaseRecord]) -> None:
-        with self._session() as session:
-            session.add_all(
-                LeaseRow(
-                    lease_id=lease.lease_id,
-                    task_id=lease.task_id,
-                    node_id=lease.node_id,
-                    dataset=lease.dataset,
-                    spec_index=lease.spec_index,
-                    entry_json=lease.entry.to_json(),
-                    group_size=lease.group_size,
-                    max_new_tokens=lease.max_new_tokens,
-                    issued_at_ms=lease.issued_at_ms,
-                    deadline_ms=lease.deadline_ms,
-                    bundle_id=None,
-                )
-                for lease in leases
-            )
+        with self._write() as session:
+            session.add_all(self._lease_row(lease) for lease in leases)
 
     def get_lease_by_task(self, task_id: str) -> LeaseRecord | None:
-        with self._session() as session:
+        if not _storable(task_id):
+            return None
+        with self._read() as session:
             row = session.scalar(select(LeaseRow).where(LeaseRow.task_id == task_id))
             return None if row is None else self._lease_record(row)
 
     def lease_counts(self) -> dict[tuple[int, str], int]:
-        with self._session() as session:
+        with self._read() as session:
             rows = session.execute(
                 select(
                     LeaseRow.spec_index, LeaseRow.dataset, func.count(LeaseRow.lease_id)
@@ -511,38 +906,15 @@ class SqlState(State):
     # -- bundles -----------------------------------------------------------------
     def store_bundle(self, bundle: NewBundle, now_ms: int) -> BundleRecord:
         try:
-            with self._session() as session:
-                answered = session.execute(
-                    update(LeaseRow)
-                    .where(LeaseRow.lease_id == bundle.lease_id, LeaseRow.bundle_id.is_(None))
-                    .values(bundle_id=bundle.bundle_id)
-                )
-                if answered.rowcount != 1:
-                    raise FtisError(
-                        ErrorCode.BUNDLE_REPLAYED, f"lease {bundle.lease_id} already answered"
-                    )
-                row = BundleRow(
-                    bundle_id=bundle.bundle_id,
-                    node_id=bundle.node_id,
-                    task_id=bundle.task_id,
-                    lease_id=bundle.lease_id,
-                    fingerprint=bundle.fingerprint,
-                    envelope=bundle.envelope,
-                    verified_rewards=list(bundle.verified_rewards),
-                    mean_reward=bundle.mean_reward,
-                    zero_variance=bundle.zero_variance,
-                    completions=bundle.completions,
-                    completion_tokens=bundle.completion_tokens,
-                    size_bytes=bundle.size_bytes,
-                    reward_mismatches=bundle.reward_mismatches,
-                    policy_version=bundle.policy_version,
-                    stored_at_ms=now_ms,
-                    text_verified=bundle.text_verified,
-                    stored_quarantined=bool(session.scalar(
+            with self._write() as session:
+                quarantined = bool(
+                    session.scalar(
                         select(ReputationRow.quarantined).where(
-                            ReputationRow.node_id == bundle.node_id))),
+                            ReputationRow.node_id == bundle.node_id
+                        )
+                    )
                 )
-                session.add(row)
+                record = self._answer_lease_and_insert(session, bundle, now_ms, quarantined)
                 session.execute(
                     update(NodeRow)
                     .where(NodeRow.node_id == bundle.node_id)
@@ -570,10 +942,7 @@ class SqlState(State):
                     )
                 )
                 session.flush()
-                dataset = session.scalar(
-                    select(LeaseRow.dataset).where(LeaseRow.lease_id == bundle.lease_id)
-                )
-                return self._bundle_record(row, dataset or "")
+                return record
         except IntegrityError as exc:
             raise FtisError(
                 ErrorCode.BUNDLE_REPLAYED, f"lease {bundle.lease_id} or bundle already stored"
@@ -582,16 +951,31 @@ class SqlState(State):
     def record_rejection(
         self, node_id: str | None, bundle_id: str | None, code: int, reason: str, now_ms: int
     ) -> None:
-        with self._session() as session:
+        with self._write() as session:
             session.add(
                 VerdictRow(
-                    node_id=node_id,
-                    bundle_id=bundle_id,
+                    node_id=_clean(node_id),
+                    bundle_id=_clean(bundle_id),
                     code=int(code),
-                    reason=reason,
+                    reason=_clean(reason),
                     at_ms=now_ms,
                 )
             )
+            if node_id is not None and int(code) != 0:
+                self._bump_rejected(session, node_id)
+
+    def _bump_rejected(self, session: Session, node_id: str) -> None:
+        """``bundles_rejected + 1`` of a known node (unknown ones are skipped)."""
+        reps = ReputationRow.__table__
+        bumped = session.execute(
+            update(reps)
+            .where(reps.c.node_id == node_id)
+            .values(bundles_rejected=reps.c.bundles_rejected + 1)
+        )
+        if bumped.rowcount == 0:  # a node without a reputation row (never after 0002)
+            node = session.get(NodeRow, node_id, with_for_update=True)
+            if node is not None:
+                self._reputation_row(session, node).bundles_rejected = 1
 
     def pull_bundles(
         self,
@@ -603,7 +987,7 @@ class SqlState(State):
         fingerprint: str = "",
         skip_zero_variance: bool = False,
     ) -> tuple[list[BundleRecord], int]:
-        with self._session() as session:
+        with self._read() as session:
             max_seq = int(session.scalar(select(func.max(BundleRow.sequence))) or 0)
             query = (
                 select(
@@ -660,25 +1044,28 @@ class SqlState(State):
             .order_by(BundleRow.sequence.desc())
             .limit(limit)
         )
+        if not _storable(node_prefix):
+            return []
         if node_prefix:
-            escaped = node_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            query = query.where(BundleRow.node_id.like(escaped + "%", escape="\\"))
-        with self._session() as session:
+            query = query.where(BundleRow.node_id.like(_escape_like(node_prefix) + "%",
+                                                       escape="\\"))
+        with self._read() as session:
             return [self._bundle_record(row, ds) for row, ds in session.execute(query)]
 
     def bundle_owners(self, bundle_ids: list[str]) -> dict[str, tuple[str, bool]]:
-        if not bundle_ids:
+        wanted = sorted({b for b in bundle_ids if _storable(b)})
+        if not wanted:
             return {}
-        with self._session() as session:
+        with self._read() as session:
             rows = session.execute(
                 select(BundleRow.bundle_id, BundleRow.node_id, BundleRow.text_verified).where(
-                    BundleRow.bundle_id.in_(list(set(bundle_ids)))
+                    BundleRow.bundle_id.in_(wanted)
                 )
             ).all()
             return {b: (n, bool(t)) for b, n, t in rows}
 
     def count_text_unverified(self, node_id: str) -> tuple[int, int]:
-        with self._session() as session:
+        with self._read() as session:
             total, unverified = session.execute(
                 select(
                     func.count(BundleRow.sequence),
@@ -699,7 +1086,7 @@ class SqlState(State):
         now_ms: int,
     ) -> bool:
         try:
-            with self._session() as session:
+            with self._write() as session:
                 if session.get(TokenizerRow, fingerprint) is not None:
                     return False
                 session.add(
@@ -716,7 +1103,9 @@ class SqlState(State):
             return False
 
     def get_tokenizer(self, fingerprint: str) -> bytes | None:
-        with self._session() as session:
+        if not _storable(fingerprint):
+            return None
+        with self._read() as session:
             return session.scalar(
                 select(TokenizerRow.tokenizer_json_gz).where(
                     TokenizerRow.fingerprint == fingerprint
@@ -724,7 +1113,9 @@ class SqlState(State):
             )
 
     def has_tokenizer(self, fingerprint: str) -> bool:
-        with self._session() as session:
+        if not _storable(fingerprint):
+            return False
+        with self._read() as session:
             found = session.scalar(
                 select(TokenizerRow.fingerprint).where(TokenizerRow.fingerprint == fingerprint)
             )
@@ -733,14 +1124,17 @@ class SqlState(State):
     # -- reputation ------------------------------------------------------------------
     @staticmethod
     def _reputation_row(session: Session, node: NodeRow) -> ReputationRow:
+        """The node's reputation row, locked (made if missing: only for nodes registered
+        before the reputation table existed, and revision 0002 makes those)."""
         rep = session.get(ReputationRow, node.node_id, with_for_update=True)
-        if rep is None:  # nodes registered before the reputation table existed
+        if rep is None:
             rep = ReputationRow(
                 node_id=node.node_id,
                 good=0.0,
                 bad=0.0,
                 updated_ms=node.registered_at_ms,
                 quarantined=False,
+                bundles_rejected=0,
             )
             session.add(rep)
         return rep
@@ -751,38 +1145,47 @@ class SqlState(State):
             raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {node_id[:64]!r}")
         return node
 
+    @staticmethod
+    def _apply_update(
+        session: Session, node: NodeRow, rep: ReputationRow, events: list[Evidence],
+        now_ms: int, update: StandingUpdate,
+    ) -> None:
+        """``rep := update(rep, node.bundles_accepted)`` (both rows locked) and one
+        evidence row per event."""
+        new = update(
+            Standing(rep.good, rep.bad, rep.updated_ms, bool(rep.quarantined)),
+            node.bundles_accepted,
+        )
+        rep.good, rep.bad = float(new.good), float(new.bad)
+        rep.updated_ms, rep.quarantined = int(new.updated_at_ms), bool(new.quarantined)
+        session.add_all(
+            EvidenceRow(
+                node_id=node.node_id,
+                at_ms=now_ms,
+                kind=_clean(e.kind),
+                weight=float(e.weight),
+                detail=_clean(e.detail[:2000]),
+                reporter_node_id=_clean(e.reporter_node_id),
+                bundle_id=_clean(e.bundle_id),
+            )
+            for e in events
+        )
+
     def apply_evidence(
         self, node_id: str, events: list[Evidence], now_ms: int, cfg: ReputationConfig
     ) -> NodeRecord:
-        with self._session() as session:
+        def step(standing: Standing, verified: int) -> Standing:
+            return reputation.apply(standing, events, now_ms, verified, cfg)
+
+        with self._write() as session:
             node = self._locked_node(session, node_id)
             rep = self._reputation_row(session, node)
-            new = reputation.apply(
-                Standing(rep.good, rep.bad, rep.updated_ms, bool(rep.quarantined)),
-                events,
-                now_ms,
-                node.bundles_accepted,
-                cfg,
-            )
-            rep.good, rep.bad = new.good, new.bad
-            rep.updated_ms, rep.quarantined = new.updated_at_ms, new.quarantined
-            session.add_all(
-                EvidenceRow(
-                    node_id=node_id,
-                    at_ms=now_ms,
-                    kind=e.kind,
-                    weight=float(e.weight),
-                    detail=e.detail[:2000],
-                    reporter_node_id=e.reporter_node_id,
-                    bundle_id=e.bundle_id,
-                )
-                for e in events
-            )
+            self._apply_update(session, node, rep, events, now_ms, step)
             session.flush()
-            return self._node_record(session, node)
+            return self._node_record(node, rep)
 
     def list_evidence(self, node_id: str, limit: int = 50) -> list[EvidenceRecord]:
-        with self._session() as session:
+        with self._read() as session:
             rows = session.scalars(
                 select(EvidenceRow)
                 .where(EvidenceRow.node_id == node_id)
@@ -803,22 +1206,30 @@ class SqlState(State):
                 for r in rows
             ]
 
-    def negative_reporters(self, sender_id: str, since_ms: int) -> set[str]:
-        with self._session() as session:
-            rows = session.scalars(
-                select(EvidenceRow.reporter_node_id).distinct().where(
-                    EvidenceRow.node_id == sender_id,
-                    EvidenceRow.kind == reputation.FEEDBACK,
-                    EvidenceRow.weight < 0,
-                    EvidenceRow.at_ms >= since_ms,
-                )
+    @staticmethod
+    def _negative_reporters(session: Session, sender_id: str, since_ms: int) -> set[str]:
+        rows = session.scalars(
+            select(EvidenceRow.reporter_node_id).distinct().where(
+                EvidenceRow.node_id == sender_id,
+                EvidenceRow.kind == reputation.FEEDBACK,
+                EvidenceRow.at_ms >= since_ms,
+                EvidenceRow.weight < 0,
             )
-            return {r for r in rows if r}
+        )
+        return {r for r in rows if r}
+
+    def negative_reporters(self, sender_id: str, since_ms: int) -> set[str]:
+        if not _storable(sender_id):
+            return set()
+        with self._read() as session:
+            return self._negative_reporters(session, sender_id, since_ms)
 
     def feedback_used(self, reporter_id: str, sender_id: str, since_ms: int) -> tuple[float, float]:
         positive = case((EvidenceRow.weight > 0, EvidenceRow.weight), else_=0.0)
         negative = case((EvidenceRow.weight < 0, -EvidenceRow.weight), else_=0.0)
-        with self._session() as session:
+        if not _storable(reporter_id, sender_id):
+            return 0.0, 0.0
+        with self._read() as session:
             pos, neg = session.execute(
                 select(
                     func.coalesce(func.sum(positive), 0.0), func.coalesce(func.sum(negative), 0.0)
@@ -834,10 +1245,10 @@ class SqlState(State):
     def store_proof(
         self, node_id: str, bundle_id: str | None, code: int, envelope: bytes, now_ms: int
     ) -> int:
-        with self._session() as session:
+        with self._write() as session:
             row = ProofRow(
                 node_id=node_id,
-                bundle_id=bundle_id or "",
+                bundle_id=_clean(bundle_id) or "",
                 code=int(code),
                 envelope=envelope,
                 at_ms=now_ms,
@@ -847,7 +1258,7 @@ class SqlState(State):
             return int(row.id)
 
     def reset_bad_evidence(self, node_id: str, now_ms: int) -> NodeRecord:
-        with self._session() as session:
+        with self._write() as session:
             node = self._locked_node(session, node_id)
             rep = self._reputation_row(session, node)
             removed = rep.bad
@@ -865,16 +1276,16 @@ class SqlState(State):
                 )
             )
             session.flush()
-            return self._node_record(session, node)
+            return self._node_record(node, rep)
 
     # -- settings ----------------------------------------------------------------------
     def get_setting(self, key: str) -> str | None:
-        with self._session() as session:
+        with self._read() as session:
             return session.scalar(select(SettingRow.value).where(SettingRow.key == key))
 
     def put_setting(self, key: str, value: str, now_ms: int) -> None:
-        with self._session() as session:
-            row = session.get(SettingRow, key)
+        with self._write() as session:
+            row = session.get(SettingRow, key, with_for_update=True)
             if row is None:
                 session.add(SettingRow(key=key, value=value, at_ms=now_ms))
             else:
@@ -885,7 +1296,7 @@ class SqlState(State):
         self, node_id: str, step: int, values: dict[str, float], now_ms: int
     ) -> None:
         encoded = _encode_metrics(values)
-        with self._session() as session:
+        with self._write() as session:
             session.add(MetricRow(node_id=node_id, step=step, values=encoded, at_ms=now_ms))
             session.execute(
                 update(NodeRow)
@@ -901,11 +1312,11 @@ class SqlState(State):
         )
         if node_id is not None:
             query = query.where(VerdictRow.node_id == node_id)
-        with self._session() as session:
+        with self._read() as session:
             return {int(code): int(n) for code, n in session.execute(query)}
 
     def stats(self, now_ms: int, active_window_ms: int) -> StatsRecord:
-        with self._session() as session:
+        with self._read() as session:
             nodes = session.scalar(select(func.count(NodeRow.node_id))) or 0
             active = session.scalar(
                 select(func.count(NodeRow.node_id)).where(
@@ -955,14 +1366,14 @@ class SqlState(State):
 
 
 def open_state(url: str) -> SqlState:
-    """Open (and create tables in) the database at ``url``. Raises DatabaseError."""
+    """Open (and migrate) the database at ``url``. Raises DatabaseError."""
     return SqlState(url)
 
 
 def dump_tables(state: SqlState, tables: tuple[str, ...] = ("nodes", "leases", "bundles")) -> dict:
     """Every row of ``tables`` as sorted tuples (for before/after comparisons in tests)."""
     out: dict[str, list[tuple[Any, ...]]] = {}
-    with state._session() as session:  # noqa: SLF001 - same module family
+    with state._read() as session:  # noqa: SLF001 - same module family
         for name in tables:
             table = Base.metadata.tables[name]
             rows = session.execute(select(table)).all()

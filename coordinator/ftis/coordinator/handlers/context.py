@@ -1,0 +1,141 @@
+"""The small context every handler works on: settings, storage, clock and the
+in-process caches (tokenizers, rate limiters, last-seen times, the reputation policy).
+
+Everything that must hold across worker processes (leases, the task draw counter,
+bundle quotas, reputation) lives in the database; what lives here is a cache or a
+per-process limit (documented per field).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ftis.coordinator.config import CoordinatorConfig
+from ftis.coordinator.quotas import Quotas
+from ftis.coordinator.reputation import ReputationConfig
+from ftis.coordinator.state.base import State
+from ftis.coordinator.tokenizer_store import TokenizerCache
+from ftis.tasks import HeldoutSplit, TaskSource
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+#: ``settings`` key of the reputation policy changed through the admin API.
+REPUTATION_SETTING = "reputation"
+#: How often buffered last-seen times are written (seconds).
+SEEN_FLUSH_S = 2.0
+
+
+def wall_clock_ms() -> int:
+    """Current unix time in milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+class SeenBuffer:
+    """Last-seen times and policy versions kept in memory and written in batches
+    (:meth:`State.record_seen`), so that read paths (lease, pull, heartbeat) write
+    nothing themselves. :meth:`flush` is called by the server's flusher thread every
+    :data:`SEEN_FLUSH_S` and on shutdown; at most that much last-seen information is
+    lost on a crash (nothing acknowledged depends on it).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[int, int | None]] = {}
+
+    def touch(self, node_id: str, now_ms: int, policy_version: int | None = None) -> None:
+        """Record that ``node_id`` was seen at ``now_ms`` (at ``policy_version``)."""
+        with self._lock:
+            old = self._seen.get(node_id)
+            if old is not None:
+                now_ms = max(now_ms, old[0])
+                if policy_version is None:
+                    policy_version = old[1]
+            self._seen[node_id] = (now_ms, policy_version)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._seen)
+
+    def flush(self, state: State) -> int:
+        """Write the buffered times (one transaction); returns how many nodes."""
+        with self._lock:
+            batch, self._seen = self._seen, {}
+        if batch:
+            try:
+                state.record_seen(batch)
+            except Exception:  # keep them for the next flush
+                with self._lock:
+                    for node_id, value in batch.items():
+                        self._seen.setdefault(node_id, value)
+                raise
+        return len(batch)
+
+
+@dataclass
+class Context:
+    """What handlers need. Build it with :meth:`create`.
+
+    Attributes:
+        config: settings (limits, task mix, TTLs).
+        state: storage (the database; shared by every worker process).
+        clock: unix milliseconds (injectable for tests).
+        tasks: the task mix; task number ``n`` (reserved from the database's draw
+            counter) is ``tasks.at(n)`` in every process.
+        quotas: per-process rate limiters for pulls, tokenizer uploads and
+            registrations (a client's connection stays on one worker process; bundle
+            quotas are counted in the database instead).
+        tokenizers: per-process cache of uploaded tokenizers.
+        seen: buffered last-seen times.
+        policy: the reputation policy in force (settings row if set, else the config's).
+    """
+
+    config: CoordinatorConfig
+    state: State
+    clock: Clock
+    tasks: TaskSource
+    quotas: Quotas
+    tokenizers: TokenizerCache
+    seen: SeenBuffer = field(default_factory=SeenBuffer)
+    policy: ReputationConfig = field(default_factory=ReputationConfig)
+    upload_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def create(cls, config: CoordinatorConfig, state: State,
+               clock: Clock = wall_clock_ms) -> Context:
+        """A context over ``state``; the reputation policy is loaded from its settings."""
+        ctx = cls(
+            config=config,
+            state=state,
+            clock=clock,
+            tasks=TaskSource(list(config.tasks), seed=config.task_seed,
+                             split=HeldoutSplit(config.heldout_fraction), part="train"),
+            quotas=Quotas(
+                bundles_per_minute=config.bundles_per_minute,
+                bundle_bytes_per_minute=config.bundle_bytes_per_minute,
+                pulls_per_minute=config.pulls_per_minute,
+                tokenizer_uploads_per_minute=config.tokenizer_uploads_per_minute,
+                registrations_per_minute=config.registrations_per_minute,
+                registrations_per_host_per_minute=config.registrations_per_host_per_minute,
+                clock=lambda: clock() / 1000.0,
+            ),
+            tokenizers=TokenizerCache(state, config.tokenizer_cache_size,
+                                      config.max_tokenizer_json_bytes),
+        )
+        ctx.policy = ctx.load_policy()
+        return ctx
+
+    def load_policy(self) -> ReputationConfig:
+        """The stored reputation policy, or the config's (a bad stored row is logged)."""
+        stored = self.state.get_setting(REPUTATION_SETTING)
+        if stored:
+            try:
+                return ReputationConfig.from_dict(json.loads(stored))
+            except (ValueError, TypeError):
+                log.exception("ignoring invalid stored reputation settings")
+        return self.config.reputation

@@ -1,0 +1,62 @@
+"""Relay handler: pages of other nodes' verified bundles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ftis.coordinator import reputation
+from ftis.coordinator.handlers.context import Context
+from ftis.coordinator.state.base import BundleRecord, NodeRecord
+from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
+from ftis.protocol.errors import ErrorCode, FtisError
+
+#: Bundles per relay page are clamped to [1, MAX_PULL_BUNDLES].
+MAX_PULL_BUNDLES = 64
+#: Envelope bytes per relay page beyond the first bundle (keeps replies under the
+#: receiver's gRPC message limit).
+PULL_PAGE_BYTES = MAX_GRPC_MESSAGE_BYTES // 2
+#: Reputation relayed for a sender without stored evidence (Beta(1, 1) mean).
+NO_HISTORY_REPUTATION = 0.5
+
+
+@dataclass(frozen=True)
+class RelayPage:
+    """One relay page: the records as stored (envelopes as signed, not re-parsed), each
+    sender's reputation now (same order), and the cursor for the next page."""
+
+    bundles: list[BundleRecord]
+    sender_reputations: list[float]
+    next_cursor: int
+
+
+def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
+                 tokenizer_fingerprint: str = "", skip_zero_variance: bool = False) -> RelayPage:
+    """A relay page for ``node`` (never its own bundles, nor banned or quarantined
+    senders'), see :meth:`State.pull_bundles`.
+
+    ``max_bundles`` is clamped to [1, 64]; a page also stops before exceeding
+    :data:`PULL_PAGE_BYTES` of envelopes (it always holds at least one bundle).
+
+    Raises:
+        FtisError: RATE_LIMITED (``pulls_per_minute``).
+    """
+    if not ctx.quotas.admit_pull(node.node_id):
+        raise FtisError(ErrorCode.RATE_LIMITED,
+                        f"more than {ctx.config.pulls_per_minute:g} pulls per minute; slow down")
+    bundles, next_cursor = ctx.state.pull_bundles(
+        requester_id=node.node_id,
+        cursor=max(int(cursor), 0),
+        limit=min(max(int(max_bundles), 1), MAX_PULL_BUNDLES),
+        max_bytes=PULL_PAGE_BYTES,
+        fingerprint=tokenizer_fingerprint,
+        skip_zero_variance=skip_zero_variance,
+    )
+    now = ctx.clock()
+    half_life = ctx.policy.half_life_s
+    reputations = [
+        NO_HISTORY_REPUTATION if b.sender_standing is None
+        else reputation.current_score(b.sender_standing, now, half_life)
+        for b in bundles
+    ]
+    ctx.seen.touch(node.node_id, now)
+    return RelayPage(bundles, reputations, next_cursor)

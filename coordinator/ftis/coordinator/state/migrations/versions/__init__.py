@@ -1,0 +1,1 @@
+"""Alembic revision modules (loaded by alembic from this directory, not imported)."""

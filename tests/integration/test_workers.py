@@ -1,0 +1,93 @@
+"""``ftis-coordinator serve --workers 2`` on PostgreSQL: two processes on one port hand
+out each task number once and keep every node's lease limit, because leases, the draw
+counter and quotas live in the database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from coordinator_helpers import model_card, register_envelope, signed
+
+from ftis.coordinator.state.sql import SqlState
+from ftis.protocol.errors import ErrorCode
+from ftis.protocol.identity import NodeIdentity
+from ftis.v1 import swarm_pb2, swarm_pb2_grpc
+
+LIMIT = 6  # max_outstanding_leases
+
+
+@pytest.fixture
+def two_workers(tmp_path, postgres_database):
+    url = postgres_database()
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"max_outstanding_leases": LIMIT, "require_tokenizer": False,
+                               "registrations_per_host_per_minute": 1e6,
+                               "registrations_per_minute": 1e6}))
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftis.coordinator.cli.main", "serve", "--workers", "2",
+         "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--db", url,
+         "--config", str(cfg), "--ready-file", str(ready), "--log-level", "WARNING"],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert proc.poll() is None, f"serve --workers 2 exited with {proc.returncode}"
+        assert time.monotonic() < deadline, "workers not ready"
+        time.sleep(0.1)
+    yield json.loads(ready.read_text())["listen"], url, proc
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
+def _worker_pids(proc: subprocess.Popen) -> set[int]:
+    import psutil
+
+    return {c.pid for c in psutil.Process(proc.pid).children()}
+
+
+def test_two_workers_share_leases_counter_and_limits(two_workers):
+    listen, url, proc = two_workers
+    assert len(_worker_pids(proc)) == 2
+    identities = [NodeIdentity.generate() for _ in range(4)]
+
+    def run(identity: NodeIdentity, k: int) -> tuple[list[str], list[int]]:
+        # a fresh channel per call: SO_REUSEPORT spreads connections over both workers
+        granted, codes = [], []
+        for _ in range(6):
+            with grpc.insecure_channel(listen) as channel:
+                stub = swarm_pb2_grpc.SwarmStub(channel)
+                if not granted and not codes:
+                    reply = stub.Register(swarm_pb2.RegisterRequest(envelope=register_envelope(
+                        identity, model_card(), int(time.time() * 1000))), timeout=30)
+                    assert reply.error.code == 0, reply.error
+                request = signed(swarm_pb2.LeaseTasksRequest(
+                    node_id=identity.node_id, count=2, group_size=2, max_new_tokens=16),
+                    "LeaseTasks", identity, int(time.time() * 1000))
+                reply = stub.LeaseTasks(request, timeout=30)
+                codes.append(reply.error.code)
+                granted += [x.task_id for x in reply.leases]
+        return granted, codes
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, identities, range(4)))
+    for granted, codes in results:
+        # 6 requests of 2 against a limit of 6: exactly 3 granted, 3 refused, on any worker
+        assert len(granted) == LIMIT
+        assert sorted(codes) == [0, 0, 0] + [ErrorCode.LEASE_LIMIT] * 3
+    state = SqlState(url)
+    try:
+        assert state.task_numbers_reserved() == 4 * LIMIT  # no number reserved twice
+        tasks = [t for granted, _ in results for t in granted]
+        assert len(set(tasks)) == len(tasks) == 4 * LIMIT
+        questions = [state.get_lease_by_task(t).entry for t in tasks]
+        assert len({(e.dataset, e.index) for e in questions}) == 4 * LIMIT
+    finally:
+        state.close()

@@ -1,0 +1,38 @@
+"""``bench/coordinator_load.py`` (``make bench-coordinator``) for ~2 s against a real
+coordinator subprocess (SQLite) with N = 2 volunteers: bundles verified, nothing
+rejected, the table and the machine-readable last line well formed."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from script_loader import load_script
+
+
+def test_two_volunteers_for_two_seconds(capsys):
+    from ftis.client.models.registry import ModelNotFoundError, resolve
+
+    try:
+        resolve("smollm2-135m")
+    except ModelNotFoundError as exc:
+        pytest.skip(f"needs the embedded SmolLM2 package (make setup): {exc}")
+    bench = load_script("bench/coordinator_load.py")
+    results = []
+    code = bench.main(["--volunteers", "2", "--seconds", "2", "--warmup", "0.5",
+                       "--configs", "sqlite"], results)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert code == 0, lines[-15:]
+    (r,) = results
+    assert r.n == 2 and r.config == "sqlite, 1 worker"
+    assert r.verified > 0 and r.bundles_per_s > 0
+    assert not r.errors and not r.notes, (r.errors, r.notes)
+    # every RPC of the loop completed in the window, the two volunteers relay each other
+    assert all(r.latencies[rpc] for rpc in ("LeaseTasks", "SubmitBundle", "PullBundles"))
+    assert r.relayed > 0
+    assert r.coord_rss_mb > 0 and r.coord_cpu_pct > 0
+    assert "errors: none" in [line.strip() for line in lines]
+    m = re.fullmatch(r"bundles_per_s=(\d+\.\d+) p99_submit_ms=(\d+\.\d+)", lines[-1])
+    assert m, lines[-1]
+    assert float(m[1]) == pytest.approx(r.bundles_per_s, abs=0.01)
+    assert float(m[2]) == pytest.approx(r.p("SubmitBundle", 99), abs=0.1)
