@@ -50,6 +50,7 @@ from sqlalchemy import (
     event,
     exists,
     func,
+    insert,
     or_,
     select,
     text,
@@ -420,11 +421,55 @@ class SqlState(State):
             ReputationRow, ReputationRow.node_id == NodeRow.node_id
         )
 
+    #: Core form of :meth:`_nodes_query` for the hot paths (no ORM objects are built).
+    _NODE_COLUMNS = select(
+        *NodeRow.__table__.c,
+        ReputationRow.__table__.c.good.label("rep_good"),
+        ReputationRow.__table__.c.bad.label("rep_bad"),
+        ReputationRow.__table__.c.updated_ms.label("rep_updated_ms"),
+        ReputationRow.__table__.c.quarantined.label("rep_quarantined"),
+        ReputationRow.__table__.c.bundles_rejected.label("rep_rejected"),
+        ReputationRow.__table__.c.node_id.label("rep_node_id"),
+    ).select_from(NodeRow.__table__.outerjoin(
+        ReputationRow.__table__,
+        ReputationRow.__table__.c.node_id == NodeRow.__table__.c.node_id))
+
+    @staticmethod
+    def _node_from_row(m: Any) -> NodeRecord:
+        """A NodeRecord from a :data:`_NODE_COLUMNS` row."""
+        has_rep = m.rep_node_id is not None
+        return NodeRecord(
+            node_id=m.node_id,
+            public_key=m.public_key,
+            display_name=m.display_name,
+            model_card=m.model_card,
+            fingerprint=m.fingerprint,
+            vocab_size=m.vocab_size,
+            client_version=m.client_version,
+            registered_at_ms=m.registered_at_ms,
+            last_seen_ms=m.last_seen_ms,
+            policy_version=m.policy_version,
+            banned=bool(m.banned),
+            ban_reason=m.ban_reason,
+            bundles_accepted=m.bundles_accepted,
+            bundles_rejected=int(m.rep_rejected or 0) if has_rep else 0,
+            reward_mismatches=m.reward_mismatches,
+            completions=m.completions,
+            completion_tokens=m.completion_tokens,
+            latest_metrics=_decode_metrics(m.latest_metrics),
+            latest_metrics_step=m.latest_metrics_step,
+            rep_good=m.rep_good if has_rep else 0.0,
+            rep_bad=m.rep_bad if has_rep else 0.0,
+            rep_updated_ms=m.rep_updated_ms if has_rep else m.registered_at_ms,
+            quarantined=bool(m.rep_quarantined) if has_rep else False,
+        )
+
     def _read_node(self, session: Session, node_id: str) -> NodeRecord | None:
         if not _storable(node_id):
             return None
-        pair = session.execute(self._nodes_query().where(NodeRow.node_id == node_id)).first()
-        return None if pair is None else self._node_record(*pair)
+        row = session.execute(
+            self._NODE_COLUMNS.where(NodeRow.__table__.c.node_id == node_id)).first()
+        return None if row is None else self._node_from_row(row)
 
     @staticmethod
     def _lease_record(row: LeaseRow) -> LeaseRecord:
@@ -491,8 +536,9 @@ class SqlState(State):
             if self.is_postgres:  # one snapshot for every statement below
                 session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
             node = self._read_node(session, node_id)
+            leases = LeaseRow.__table__
             lease_row = (
-                session.scalar(select(LeaseRow).where(LeaseRow.task_id == task_id))
+                session.execute(select(leases).where(leases.c.task_id == task_id)).first()
                 if _storable(task_id)
                 else None
             )
@@ -525,8 +571,8 @@ class SqlState(State):
         self, session: Session, bundle: NewBundle, now_ms: int, stored_quarantined: bool
     ) -> BundleRecord:
         """Mark the lease answered (conditional UPDATE: the replay guard) and insert the
-        bundle. Raises BUNDLE_REPLAYED (the caller rolls back)."""
-        leases = LeaseRow.__table__
+        bundle (Core statements). Raises BUNDLE_REPLAYED (the caller rolls back)."""
+        leases, bundles = LeaseRow.__table__, BundleRow.__table__
         dataset = session.execute(
             update(leases)
             .where(leases.c.lease_id == bundle.lease_id, leases.c.bundle_id.is_(None))
@@ -535,28 +581,60 @@ class SqlState(State):
         ).scalar()
         if dataset is None:
             raise FtisError(ErrorCode.BUNDLE_REPLAYED, f"lease {bundle.lease_id} already answered")
-        row = BundleRow(
-            bundle_id=bundle.bundle_id,
-            node_id=bundle.node_id,
-            task_id=bundle.task_id,
-            lease_id=bundle.lease_id,
-            fingerprint=bundle.fingerprint,
-            envelope=bundle.envelope,
-            verified_rewards=list(bundle.verified_rewards),
-            mean_reward=bundle.mean_reward,
-            zero_variance=bundle.zero_variance,
-            completions=bundle.completions,
-            completion_tokens=bundle.completion_tokens,
-            size_bytes=bundle.size_bytes,
-            reward_mismatches=bundle.reward_mismatches,
-            policy_version=bundle.policy_version,
-            stored_at_ms=now_ms,
-            text_verified=bundle.text_verified,
-            stored_quarantined=stored_quarantined,
-        )
-        session.add(row)
-        session.flush()
-        return self._bundle_record(row, dataset)
+        values = {
+            "bundle_id": bundle.bundle_id, "node_id": bundle.node_id,
+            "task_id": bundle.task_id, "lease_id": bundle.lease_id,
+            "fingerprint": bundle.fingerprint, "envelope": bundle.envelope,
+            "verified_rewards": list(bundle.verified_rewards),
+            "mean_reward": bundle.mean_reward, "zero_variance": bundle.zero_variance,
+            "completions": bundle.completions, "completion_tokens": bundle.completion_tokens,
+            "size_bytes": bundle.size_bytes, "reward_mismatches": bundle.reward_mismatches,
+            "policy_version": bundle.policy_version, "stored_at_ms": now_ms,
+            "text_verified": bundle.text_verified, "stored_quarantined": stored_quarantined,
+        }
+        sequence = session.execute(
+            insert(bundles).values(**values).returning(bundles.c.sequence)).scalar_one()
+        return BundleRecord(
+            sequence=int(sequence), bundle_id=bundle.bundle_id, node_id=bundle.node_id,
+            task_id=bundle.task_id, lease_id=bundle.lease_id, dataset=dataset,
+            fingerprint=bundle.fingerprint, envelope=bundle.envelope,
+            verified_rewards=[float(r) for r in bundle.verified_rewards],
+            mean_reward=bundle.mean_reward, zero_variance=bundle.zero_variance,
+            completions=bundle.completions, completion_tokens=bundle.completion_tokens,
+            size_bytes=bundle.size_bytes, reward_mismatches=bundle.reward_mismatches,
+            policy_version=bundle.policy_version, stored_at_ms=now_ms,
+            text_verified=bundle.text_verified)
+
+    def _locked_node_row(self, session: Session, node_id: str) -> Any:
+        """The node's :data:`_NODE_COLUMNS` row with its node row locked (FOR UPDATE OF
+        nodes on PostgreSQL; SQLite's BEGIN IMMEDIATE serialises writers), or
+        ``None``. A missing reputation row is made (revision 0002 makes them for older
+        nodes; this is only a guard)."""
+        nodes, reps = NodeRow.__table__, ReputationRow.__table__
+        # the node row's lock also guards its reputation row: every writer of a
+        # reputation row locks the node row first
+        locked = self._NODE_COLUMNS.where(nodes.c.node_id == node_id).with_for_update(of=nodes)
+        m = session.execute(locked).first()
+        if m is not None and m.rep_node_id is None:
+            session.execute(insert(reps).values(
+                node_id=node_id, good=0.0, bad=0.0, updated_ms=m.registered_at_ms,
+                quarantined=False, bundles_rejected=0))
+            m = session.execute(locked).first()
+        return m
+
+    def _write_standing(self, session: Session, node_id: str, standing: Standing,
+                        events: list[Evidence], now_ms: int) -> None:
+        """Store ``standing`` and one evidence row per event (Core statements)."""
+        reps = ReputationRow.__table__
+        session.execute(update(reps).where(reps.c.node_id == node_id).values(
+            good=float(standing.good), bad=float(standing.bad),
+            updated_ms=int(standing.updated_at_ms), quarantined=bool(standing.quarantined)))
+        if events:
+            session.execute(insert(EvidenceRow.__table__), [
+                {"node_id": node_id, "at_ms": now_ms, "kind": _clean(e.kind),
+                 "weight": float(e.weight), "detail": _clean(e.detail[:2000]),
+                 "reporter_node_id": _clean(e.reporter_node_id),
+                 "bundle_id": _clean(e.bundle_id)} for e in events])
 
     def commit_submission(
         self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None
@@ -567,64 +645,69 @@ class SqlState(State):
             raise ValueError("commit_submission: a bundle iff code == 0")
         if verdict.bundle is not None and verdict.bundle.node_id != verdict.node_id:
             raise ValueError("commit_submission: the bundle's node is not the verdict's")
+        nodes, reps = NodeRow.__table__, ReputationRow.__table__
         try:
             with self._write() as session:
-                node = rep = None
-                if verdict.node_id is not None:
-                    node = session.get(NodeRow, verdict.node_id, with_for_update=True)
-                if node is not None:
-                    rep = self._reputation_row(session, node)
+                m = (self._locked_node_row(session, verdict.node_id)
+                     if verdict.node_id is not None and _storable(verdict.node_id) else None)
                 stored: BundleRecord | None = None
                 bundle = verdict.bundle
+                changes: dict[str, Any] = {}
+                rejected = int(m.rep_rejected or 0) if m is not None else 0
                 if bundle is not None:
-                    if node is None or rep is None:
+                    if m is None:
                         raise FtisError(
                             ErrorCode.NODE_UNKNOWN, f"no node {bundle.node_id[:64]!r}"
                         )
                     # quarantine as it was before this submission's evidence
                     stored = self._answer_lease_and_insert(
-                        session, bundle, now_ms, bool(rep.quarantined)
+                        session, bundle, now_ms, bool(m.rep_quarantined)
                     )
-                    node.bundles_accepted += 1
-                    node.reward_mismatches += bundle.reward_mismatches
-                    node.completions += bundle.completions
-                    node.completion_tokens += bundle.completion_tokens
-                    node.last_seen_ms = now_ms
-                    node.policy_version = bundle.policy_version
-                elif rep is not None:
-                    rep.bundles_rejected = (rep.bundles_rejected or 0) + 1
-                session.add(
-                    VerdictRow(
-                        node_id=_clean(verdict.node_id),
-                        bundle_id=_clean(verdict.bundle_id),
-                        code=int(verdict.code),
-                        reason=_clean(verdict.reason),
-                        at_ms=now_ms,
-                    )
-                )
+                    changes = {
+                        "bundles_accepted": m.bundles_accepted + 1,
+                        "reward_mismatches": m.reward_mismatches + bundle.reward_mismatches,
+                        "completions": m.completions + bundle.completions,
+                        "completion_tokens": m.completion_tokens + bundle.completion_tokens,
+                        "last_seen_ms": max(now_ms, m.last_seen_ms),
+                        "policy_version": bundle.policy_version,
+                    }
+                elif m is not None:
+                    rejected += 1
+                    session.execute(reps.update().where(reps.c.node_id == m.node_id)
+                                    .values(bundles_rejected=rejected))
+                session.execute(insert(VerdictRow.__table__).values(
+                    node_id=_clean(verdict.node_id), bundle_id=_clean(verdict.bundle_id),
+                    code=int(verdict.code), reason=_clean(verdict.reason), at_ms=now_ms))
                 proof_id: int | None = None
-                if node is not None and rep is not None:
+                standing = None
+                if m is not None:
                     if verdict.proof_envelope is not None:
-                        proof = ProofRow(
-                            node_id=node.node_id,
-                            bundle_id=_clean(verdict.bundle_id) or "",
-                            code=int(verdict.code),
-                            envelope=verdict.proof_envelope,
-                            at_ms=now_ms,
-                        )
-                        session.add(proof)
-                        session.flush()
-                        proof_id = int(proof.id)
+                        proofs = ProofRow.__table__
+                        proof_id = int(session.execute(insert(proofs).values(
+                            node_id=m.node_id, bundle_id=_clean(verdict.bundle_id) or "",
+                            code=int(verdict.code), envelope=verdict.proof_envelope,
+                            at_ms=now_ms).returning(proofs.c.id)).scalar_one())
                     if verdict.evidence:
                         assert update is not None
-                        self._apply_update(
-                            session, node, rep, list(verdict.evidence), now_ms, update
-                        )
+                        standing = update(
+                            Standing(m.rep_good, m.rep_bad, m.rep_updated_ms,
+                                     bool(m.rep_quarantined)),
+                            changes.get("bundles_accepted", m.bundles_accepted))
+                        self._write_standing(session, m.node_id, standing,
+                                             list(verdict.evidence), now_ms)
                     if verdict.ban_reason is not None:
-                        node.banned = True
-                        node.ban_reason = verdict.ban_reason
-                session.flush()
-                record = self._node_record(node, rep) if node is not None else None
+                        changes.update(banned=True, ban_reason=verdict.ban_reason)
+                    if changes:
+                        session.execute(nodes.update().where(nodes.c.node_id == m.node_id)
+                                        .values(**changes))
+                record = None
+                if m is not None:
+                    record = dataclasses.replace(
+                        self._node_from_row(m), bundles_rejected=rejected, **changes,
+                        **({} if standing is None else {
+                            "rep_good": standing.good, "rep_bad": standing.bad,
+                            "rep_updated_ms": standing.updated_at_ms,
+                            "quarantined": standing.quarantined}))
                 return CommittedVerdict(bundle=stored, node=record, proof_id=proof_id)
         except IntegrityError as exc:
             if verdict.bundle is None:
@@ -717,9 +800,11 @@ class SqlState(State):
         with self._write() as session:
             # The node's row lock serialises lease_block calls for one node across
             # workers (on SQLite, BEGIN IMMEDIATE serialises every writer).
-            node = session.get(NodeRow, node_id, with_for_update=True)
-            if node is None:
-                raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {node_id[:64]!r}")
+            nodes = NodeRow.__table__
+            locked = session.execute(select(nodes.c.node_id).where(nodes.c.node_id == node_id)
+                                     .with_for_update()).first() if _storable(node_id) else None
+            if locked is None:
+                raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {_clean(node_id[:64])!r}")
             outstanding = int(
                 session.scalar(
                     select(func.count(LeaseRow.lease_id)).where(
@@ -738,8 +823,13 @@ class SqlState(State):
                 )
             start = self._reserve(session, TASK_DRAWS, count)
             leases = list(make(start))
-            session.add_all(self._lease_row(lease) for lease in leases)
-            session.flush()
+            if leases:
+                session.execute(insert(LeaseRow.__table__), [
+                    {"lease_id": x.lease_id, "task_id": x.task_id, "node_id": x.node_id,
+                     "dataset": x.dataset, "spec_index": x.spec_index,
+                     "entry_json": x.entry.to_json(), "group_size": x.group_size,
+                     "max_new_tokens": x.max_new_tokens, "issued_at_ms": x.issued_at_ms,
+                     "deadline_ms": x.deadline_ms, "bundle_id": None} for x in leases])
             return leases
 
     @staticmethod
@@ -989,49 +1079,51 @@ class SqlState(State):
     ) -> tuple[list[BundleRecord], int]:
         with self._read() as session:
             max_seq = int(session.scalar(select(func.max(BundleRow.sequence))) or 0)
-            query = (
-                select(
-                    BundleRow,
-                    LeaseRow.dataset,
-                    LeaseRow.entry_json,
-                    ReputationRow.good,
-                    ReputationRow.bad,
-                    ReputationRow.updated_ms,
-                )
-                .join(NodeRow, NodeRow.node_id == BundleRow.node_id)
-                .join(LeaseRow, LeaseRow.lease_id == BundleRow.lease_id)
-                .outerjoin(ReputationRow, ReputationRow.node_id == BundleRow.node_id)
+            b, lz, rp, nd = (BundleRow.__table__, LeaseRow.__table__,
+                             ReputationRow.__table__, NodeRow.__table__)
+            query = (  # Core: rows, not ORM objects
+                select(*b.c, lz.c.dataset, lz.c.entry_json, rp.c.good, rp.c.bad,
+                       rp.c.updated_ms)
+                .select_from(b.join(nd, nd.c.node_id == b.c.node_id)
+                             .join(lz, lz.c.lease_id == b.c.lease_id)
+                             .outerjoin(rp, rp.c.node_id == b.c.node_id))
                 .where(
-                    BundleRow.sequence > cursor,
-                    BundleRow.sequence <= max_seq,
-                    BundleRow.node_id != requester_id,
-                    NodeRow.banned.is_(False),
-                    or_(ReputationRow.quarantined.is_(None), ReputationRow.quarantined.is_(False)),
-                    BundleRow.stored_quarantined.is_(False),
+                    b.c.sequence > cursor,
+                    b.c.sequence <= max_seq,
+                    b.c.node_id != requester_id,
+                    nd.c.banned.is_(False),
+                    or_(rp.c.quarantined.is_(None), rp.c.quarantined.is_(False)),
+                    b.c.stored_quarantined.is_(False),
                 )
-                .order_by(BundleRow.sequence)
+                .order_by(b.c.sequence)
                 .limit(limit)
             )
             if fingerprint:
-                query = query.where(BundleRow.fingerprint == fingerprint)
+                query = query.where(b.c.fingerprint == fingerprint)
             if skip_zero_variance:
-                query = query.where(BundleRow.zero_variance.is_(False))
+                query = query.where(b.c.zero_variance.is_(False))
             page: list[BundleRecord] = []
             used = 0
             full = False
-            for row, dataset, entry_json, good, bad, updated in session.execute(query):
-                if page and used + row.size_bytes > max_bytes:
+            for m in session.execute(query):
+                if page and used + m.size_bytes > max_bytes:
                     full = True
                     break
-                standing = Standing(float(good or 0), float(bad or 0), int(updated or 0))
-                page.append(
-                    dataclasses.replace(
-                        self._bundle_record(row, dataset),
-                        sender_standing=standing,
-                        question=TaskEntry.from_json(entry_json).question,
-                    )
-                )
-                used += row.size_bytes
+                page.append(BundleRecord(
+                    sequence=m.sequence, bundle_id=m.bundle_id, node_id=m.node_id,
+                    task_id=m.task_id, lease_id=m.lease_id, dataset=m.dataset,
+                    fingerprint=m.fingerprint, envelope=m.envelope,
+                    verified_rewards=[float(r) for r in m.verified_rewards],
+                    mean_reward=m.mean_reward, zero_variance=m.zero_variance,
+                    completions=m.completions, completion_tokens=m.completion_tokens,
+                    size_bytes=m.size_bytes, reward_mismatches=m.reward_mismatches,
+                    policy_version=m.policy_version, stored_at_ms=m.stored_at_ms,
+                    text_verified=bool(m.text_verified),
+                    sender_standing=Standing(float(m.good or 0), float(m.bad or 0),
+                                             int(m.updated_ms or 0)),
+                    question=TaskEntry.from_json(m.entry_json).question,
+                ))
+                used += m.size_bytes
             if len(page) >= limit:
                 full = True
             next_cursor = page[-1].sequence if full and page else max_seq
