@@ -115,3 +115,12 @@ def rows(state: Any, model: Any, **where: Any) -> list[Any]:
         found = list(session.scalars(query.order_by(*model.__table__.primary_key.columns)))
         session.expunge_all()
         return found
+
+
+def apply_evidence(state, node_id, events, now_ms, cfg):
+    """``state.apply_evidence`` with the real reputation step (``reputation.apply`` with
+    ``events``, ``now_ms`` and ``cfg`` bound), as the handlers call it."""
+    from ftis.coordinator import reputation
+
+    return state.apply_evidence(node_id, events, now_ms,
+                                reputation.standing_update(events, now_ms, cfg))

@@ -14,6 +14,7 @@ from state_records import (
     FP_B,
     T0,
     add_node,
+    apply_evidence,
     lease,
     new_bundle,
     node_id,
@@ -247,7 +248,7 @@ def test_pull_bundles_filters_and_pages(state: SqlState) -> None:
     assert page == [] and cursor == 5
     # banned and quarantined senders are not relayed
     state.set_ban(b, True, "x")
-    state.apply_evidence(c, [Evidence("rejected", -10.0)], T0 + 10, ReputationConfig())
+    apply_evidence(state, c, [Evidence("rejected", -10.0)], T0 + 10, ReputationConfig())
     assert state.get_node(c).quarantined
     page, _ = state.pull_bundles(requester_id=reader, cursor=0, limit=10, max_bytes=10**6)
     assert [r.bundle_id for r in page] == [a1, a3]
@@ -256,7 +257,7 @@ def test_pull_bundles_filters_and_pages(state: SqlState) -> None:
 def test_bundle_stored_while_quarantined_is_never_relayed(state: SqlState) -> None:
     a = add_node(state, "alice").node_id
     reader = add_node(state, "reader").node_id
-    state.apply_evidence(a, [Evidence("rejected", -10.0)], T0, ReputationConfig())
+    apply_evidence(state, a, [Evidence("rejected", -10.0)], T0, ReputationConfig())
     _stored(state, a, 1)
     state.reset_bad_evidence(a, T0 + 5)  # released
     assert not state.get_node(a).quarantined
@@ -298,15 +299,15 @@ def test_tokenizers(state: SqlState) -> None:
 def test_apply_evidence_with_the_real_policy(state: SqlState) -> None:
     a = add_node(state, "alice").node_id
     cfg = ReputationConfig(half_life_s=10.0)
-    got = state.apply_evidence(a, [Evidence("bundle_verified", 1.0, "ok", "", "b1")], T0, cfg)
+    got = apply_evidence(state, a, [Evidence("bundle_verified", 1.0, "ok", "", "b1")], T0, cfg)
     assert (got.rep_good, got.rep_bad, got.rep_updated_ms, got.quarantined) == (1.0, 0.0, T0,
                                                                                  False)
     # 10 s later (one half-life): good 1 -> 0.5, then -2 bad: score 1.5/4.5 = 0.33 < 0.45
-    got = state.apply_evidence(a, [Evidence("reward_mismatch", -2.0, "liar")], T0 + 10_000, cfg)
+    got = apply_evidence(state, a, [Evidence("reward_mismatch", -2.0, "liar")], T0 + 10_000, cfg)
     assert math.isclose(got.rep_good, 0.5) and math.isclose(got.rep_bad, 2.0)
     assert (got.rep_updated_ms, got.quarantined) == (T0 + 10_000, True)
     with pytest.raises(FtisError) as info:
-        state.apply_evidence(node_id("ghost"), [], T0, cfg)
+        apply_evidence(state, node_id("ghost"), [], T0, cfg)
     assert info.value.code == ErrorCode.NODE_UNKNOWN
     evidence = state.list_evidence(a)
     assert [(e.kind, e.weight, e.detail, e.at_ms) for e in evidence] == [
@@ -320,14 +321,14 @@ def test_negative_reporters_and_feedback_used(state: SqlState) -> None:
     r1, r2, r3 = (add_node(state, f"r{i}").node_id for i in (1, 2, 3))
     cfg = ReputationConfig()
     feedback = reputation.FEEDBACK
-    state.apply_evidence(sender, [
+    apply_evidence(state, sender, [
         Evidence(feedback, -0.5, reporter_node_id=r1),
         Evidence(feedback, -0.25, reporter_node_id=r1),
         Evidence(feedback, 0.5, reporter_node_id=r2),
         Evidence("rejected", -1.0, reporter_node_id=r3),  # not feedback
         Evidence(feedback, -0.5, reporter_node_id=""),     # no reporter
     ], T0, cfg)
-    state.apply_evidence(sender, [Evidence(feedback, -0.5, reporter_node_id=r2)], T0 + 100, cfg)
+    apply_evidence(state, sender, [Evidence(feedback, -0.5, reporter_node_id=r2)], T0 + 100, cfg)
     assert state.negative_reporters(sender, T0) == {r1, r2}
     assert state.negative_reporters(sender, T0 + 1) == {r2}
     assert state.negative_reporters(sender, T0 + 101) == set()
@@ -347,7 +348,7 @@ def test_store_proof_and_reset_bad_evidence(state: SqlState) -> None:
     assert [(p.node_id, p.bundle_id, p.code, p.envelope, p.at_ms) for p in rows(state, ProofRow)
             ] == [(a, "b1", int(ErrorCode.TEXT_MISMATCH), b"env-1", T0),
                   (a, "", int(ErrorCode.PROMPT_MISMATCH), b"env-2", T0 + 1)]
-    state.apply_evidence(a, [Evidence("rejected", -3.0)], T0, ReputationConfig())
+    apply_evidence(state, a, [Evidence("rejected", -3.0)], T0, ReputationConfig())
     assert state.get_node(a).quarantined
     reset = state.reset_bad_evidence(a, T0 + 7)
     assert (reset.rep_bad, reset.quarantined, reset.rep_good) == (0.0, False, 0.0)
@@ -382,7 +383,7 @@ def test_stats(state: SqlState) -> None:
     b = add_node(state, "bob", now_ms=T0 - 10_000).node_id
     c = add_node(state, "carol", now_ms=T0).node_id
     state.set_ban(b, True, "x")
-    state.apply_evidence(c, [Evidence("rejected", -10.0)], T0, ReputationConfig())
+    apply_evidence(state, c, [Evidence("rejected", -10.0)], T0, ReputationConfig())
     _stored(state, a, 1, size_bytes=100, rewards=(1.0, 0.0))             # 2 completions
     _stored(state, a, 2, size_bytes=50, rewards=(1.0, 1.0, 1.0, 0.0))    # 4 completions
     state.insert_leases([lease(a, 3)])

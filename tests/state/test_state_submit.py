@@ -14,6 +14,7 @@ from state_records import (
     T0,
     Recorder,
     add_node,
+    apply_evidence,
     lease,
     make_leases,
     new_bundle,
@@ -66,9 +67,9 @@ def test_snapshot_contents(state: SqlState) -> None:
     state.record_rejection(a, None, ErrorCode.LEASE_EXPIRED, "late", T0 - 90_000)  # too old
     state.record_rejection(other, None, ErrorCode.LEASE_EXPIRED, "late", T0)
     cfg = ReputationConfig()
-    state.apply_evidence(a, [Evidence(reputation.FEEDBACK, -0.5, reporter_node_id=r1)],
+    apply_evidence(state, a, [Evidence(reputation.FEEDBACK, -0.5, reporter_node_id=r1)],
                          T0 - 7_200_000, cfg)                                 # before since
-    state.apply_evidence(a, [Evidence(reputation.FEEDBACK, -0.5, reporter_node_id=r2),
+    apply_evidence(state, a, [Evidence(reputation.FEEDBACK, -0.5, reporter_node_id=r2),
                              Evidence(reputation.FEEDBACK, -0.1, reporter_node_id=r2),
                              Evidence(reputation.FEEDBACK, 0.5, reporter_node_id=r1)],
                          T0 - 5, cfg)
@@ -226,7 +227,7 @@ def test_commit_with_the_real_reputation_step(state: SqlState) -> None:
 def test_commit_accepted_while_quarantined_is_never_relayed(state: SqlState) -> None:
     a = add_node(state, "alice").node_id
     reader = add_node(state, "reader").node_id
-    state.apply_evidence(a, [Evidence("rejected", -10.0)], T0, ReputationConfig())
+    apply_evidence(state, a, [Evidence("rejected", -10.0)], T0, ReputationConfig())
     leases = [lease(a, 1), lease(a, 2)]
     state.insert_leases(leases)
     release = Evidence("bundle_verified", 100.0)
@@ -384,7 +385,7 @@ def test_snapshot_reads_are_index_scans(state: SqlState, backend: str) -> None:
     state.insert_leases([lease(a, 1), lease(a, 2)])
     state.store_bundle(new_bundle(lease(a, 1)), T0)
     state.record_rejection(a, None, ErrorCode.LEASE_EXPIRED, "late", T0)
-    state.apply_evidence(a, [Evidence(reputation.FEEDBACK, -1.0, reporter_node_id="r")], T0,
+    apply_evidence(state, a, [Evidence(reputation.FEEDBACK, -1.0, reporter_node_id="r")], T0,
                          ReputationConfig())
     captured: list[tuple[str, object]] = []
 

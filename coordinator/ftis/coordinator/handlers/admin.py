@@ -89,6 +89,7 @@ def set_reputation_policy(ctx: Context, cfg: ReputationConfig) -> ReputationConf
     ctx.state.put_setting(REPUTATION_SETTING, json.dumps(cfg.to_dict()), now)
     ctx.policy = cfg
     for node in ctx.state.list_nodes():
-        ctx.state.apply_evidence(node.node_id, [], now, cfg)
+        ctx.state.apply_evidence(node.node_id, [], now,
+                                 reputation.standing_update([], now, cfg))
     log.warning("reputation policy changed: %s", cfg)
     return cfg

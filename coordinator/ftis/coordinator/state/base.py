@@ -17,7 +17,7 @@ import abc
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
+from ftis.coordinator.reputation import Evidence, Standing
 from ftis.tasks.source import TaskEntry
 
 
@@ -458,10 +458,11 @@ class State(abc.ABC):
     # -- reputation ------------------------------------------------------------
     @abc.abstractmethod
     def apply_evidence(
-        self, node_id: str, events: list[Evidence], now_ms: int, cfg: ReputationConfig
+        self, node_id: str, events: list[Evidence], now_ms: int, update: StandingUpdate
     ) -> NodeRecord:
-        """In one transaction: decay the node's evidence to ``now_ms``, add ``events``,
-        update its ``quarantined`` flag and append one evidence row per event.
+        """In one transaction, with the node's row locked: ``standing := update(standing,
+        bundles_accepted)`` (e.g. ``reputation.standing_update(events, now, policy)``:
+        decay, add, re-evaluate quarantine) and one evidence row per event.
         Raises FtisError NODE_UNKNOWN."""
 
     @abc.abstractmethod

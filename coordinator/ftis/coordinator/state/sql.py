@@ -61,7 +61,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.pool import StaticPool
 
 from ftis.coordinator import reputation
-from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
+from ftis.coordinator.reputation import Evidence, Standing
 from ftis.coordinator.state.base import (
     BundleRecord,
     CommittedVerdict,
@@ -1264,15 +1264,12 @@ class SqlState(State):
         )
 
     def apply_evidence(
-        self, node_id: str, events: list[Evidence], now_ms: int, cfg: ReputationConfig
+        self, node_id: str, events: list[Evidence], now_ms: int, update: StandingUpdate
     ) -> NodeRecord:
-        def step(standing: Standing, verified: int) -> Standing:
-            return reputation.apply(standing, events, now_ms, verified, cfg)
-
         with self._write() as session:
             node = self._locked_node(session, node_id)
             rep = self._reputation_row(session, node)
-            self._apply_update(session, node, rep, events, now_ms, step)
+            self._apply_update(session, node, rep, events, now_ms, update)
             session.flush()
             return self._node_record(node, rep)
 
