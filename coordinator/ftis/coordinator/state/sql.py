@@ -56,6 +56,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -385,6 +386,18 @@ class SqlState(State):
 
     _session = _write  # the name older helpers use
 
+    @contextlib.contextmanager
+    def _write_conn(self) -> Iterator[Connection]:
+        """:meth:`_write` without an ORM session, for the hot paths (Core statements)."""
+        with self._write_lock, self._write_engine.begin() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _read_conn(self) -> Iterator[Connection]:
+        """:meth:`_read` without an ORM session, for the hot paths (Core statements)."""
+        with self._read_lock, self.engine.begin() as conn:
+            yield conn
+
     # -- conversions -------------------------------------------------------------
     @staticmethod
     def _node_record(row: NodeRow, rep: ReputationRow | None) -> NodeRecord:
@@ -464,7 +477,7 @@ class SqlState(State):
             quarantined=bool(m.rep_quarantined) if has_rep else False,
         )
 
-    def _read_node(self, session: Session, node_id: str) -> NodeRecord | None:
+    def _read_node(self, session: Session | Connection, node_id: str) -> NodeRecord | None:
         if not _storable(node_id):
             return None
         row = session.execute(
@@ -532,7 +545,7 @@ class SqlState(State):
     ) -> SubmissionSnapshot:
         if not _storable(node_id, bundle_id):  # no such node or bundle
             return SubmissionSnapshot(node=None, lease=None, already_stored=False)
-        with self._read() as session:
+        with self._read_conn() as session:
             if self.is_postgres:  # one snapshot for every statement below
                 session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
             node = self._read_node(session, node_id)
@@ -568,7 +581,8 @@ class SqlState(State):
             )
 
     def _answer_lease_and_insert(
-        self, session: Session, bundle: NewBundle, now_ms: int, stored_quarantined: bool
+        self, session: Session | Connection, bundle: NewBundle, now_ms: int,
+        stored_quarantined: bool,
     ) -> BundleRecord:
         """Mark the lease answered (conditional UPDATE: the replay guard) and insert the
         bundle (Core statements). Raises BUNDLE_REPLAYED (the caller rolls back)."""
@@ -605,7 +619,7 @@ class SqlState(State):
             policy_version=bundle.policy_version, stored_at_ms=now_ms,
             text_verified=bundle.text_verified)
 
-    def _locked_node_row(self, session: Session, node_id: str) -> Any:
+    def _locked_node_row(self, session: Session | Connection, node_id: str) -> Any:
         """The node's :data:`_NODE_COLUMNS` row with its node row locked (FOR UPDATE OF
         nodes on PostgreSQL; SQLite's BEGIN IMMEDIATE serialises writers), or
         ``None``. A missing reputation row is made (revision 0002 makes them for older
@@ -622,7 +636,7 @@ class SqlState(State):
             m = session.execute(locked).first()
         return m
 
-    def _write_standing(self, session: Session, node_id: str, standing: Standing,
+    def _write_standing(self, session: Session | Connection, node_id: str, standing: Standing,
                         events: list[Evidence], now_ms: int) -> None:
         """Store ``standing`` and one evidence row per event (Core statements)."""
         reps = ReputationRow.__table__
@@ -647,7 +661,7 @@ class SqlState(State):
             raise ValueError("commit_submission: the bundle's node is not the verdict's")
         nodes, reps = NodeRow.__table__, ReputationRow.__table__
         try:
-            with self._write() as session:
+            with self._write_conn() as session:
                 m = (self._locked_node_row(session, verdict.node_id)
                      if verdict.node_id is not None and _storable(verdict.node_id) else None)
                 stored: BundleRecord | None = None
@@ -797,7 +811,7 @@ class SqlState(State):
     ) -> list[LeaseRecord]:
         if count < 0:
             raise ValueError(f"lease_block: count {count} < 0")
-        with self._write() as session:
+        with self._write_conn() as session:
             # The node's row lock serialises lease_block calls for one node across
             # workers (on SQLite, BEGIN IMMEDIATE serialises every writer).
             nodes = NodeRow.__table__
@@ -833,7 +847,7 @@ class SqlState(State):
             return leases
 
     @staticmethod
-    def _reserve(session: Session, name: str, n: int) -> int:
+    def _reserve(session: Session | Connection, name: str, n: int) -> int:
         """Advance counter ``name`` by ``n``; returns its value before."""
         counters = CounterRow.__table__
         after = session.execute(
@@ -844,8 +858,7 @@ class SqlState(State):
         ).scalar()
         if after is None:  # the row is made by revision 0002; only if someone removed it
             issued = int(session.scalar(select(func.count(LeaseRow.lease_id))) or 0)
-            session.add(CounterRow(name=name, value=issued + n))
-            session.flush()
+            session.execute(insert(counters).values(name=name, value=issued + n))
             return issued
         return int(after) - n
 
@@ -917,7 +930,7 @@ class SqlState(State):
             return self._node_record(row, rep)
 
     def get_node(self, node_id: str) -> NodeRecord | None:
-        with self._read() as session:
+        with self._read_conn() as session:
             return self._read_node(session, node_id)
 
     def resolve_node(self, id_or_prefix: str) -> NodeRecord:
@@ -1077,7 +1090,7 @@ class SqlState(State):
         fingerprint: str = "",
         skip_zero_variance: bool = False,
     ) -> tuple[list[BundleRecord], int]:
-        with self._read() as session:
+        with self._read_conn() as session:
             max_seq = int(session.scalar(select(func.max(BundleRow.sequence))) or 0)
             b, lz, rp, nd = (BundleRow.__table__, LeaseRow.__table__,
                              ReputationRow.__table__, NodeRow.__table__)
@@ -1296,7 +1309,8 @@ class SqlState(State):
             ]
 
     @staticmethod
-    def _negative_reporters(session: Session, sender_id: str, since_ms: int) -> set[str]:
+    def _negative_reporters(session: Session | Connection, sender_id: str,
+                            since_ms: int) -> set[str]:
         rows = session.scalars(
             select(EvidenceRow.reporter_node_id).distinct().where(
                 EvidenceRow.node_id == sender_id,
