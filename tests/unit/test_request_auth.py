@@ -142,3 +142,29 @@ def test_heartbeat_reply_carries_own_reputation(world) -> None:
     assert reply.reputation == 0.5 and reply.quarantined is False
     coord.flush_seen()  # last-seen times are buffered and written in batches
     assert coord.state.get_node(node.node_id).policy_version == 7
+
+
+def test_node_records_are_reused_for_a_second_and_bans_cut_through(world) -> None:
+    """Authentication reuses a node's record for NODE_CACHE_S (no database read); a ban
+    by this process is effective at once, one by another worker within a second."""
+    coord, service, node, clock = world
+    hb = swarm_pb2.HeartbeatRequest(node_id=node.node_id)
+    assert _call(service, "Heartbeat", signed(hb, "Heartbeat", node, clock())) == 0
+    reads = []
+    real = coord.state.get_node
+    coord.state.get_node = lambda node_id: reads.append(node_id) or real(node_id)
+    for _ in range(3):
+        assert _call(service, "Heartbeat", signed(hb, "Heartbeat", node, clock())) == 0
+    assert reads == []  # served from the cache
+    coord.state.set_ban(node.node_id, True, "by another worker")  # not through this process
+    clock.advance(0.5)
+    assert _call(service, "Heartbeat", signed(hb, "Heartbeat", node, clock())) == 0
+    clock.advance(0.6)
+    assert _call(service, "Heartbeat", signed(hb, "Heartbeat", node, clock())) == (
+        ErrorCode.NODE_BANNED)
+    assert reads == [node.node_id]
+    coord.unban(node.node_id)
+    assert _call(service, "Heartbeat", signed(hb, "Heartbeat", node, clock())) == 0
+    coord.ban(node.node_id, "by this process")
+    assert _call(service, "Heartbeat", signed(hb, "Heartbeat", node, clock())) == (
+        ErrorCode.NODE_BANNED)

@@ -69,6 +69,7 @@ def ban(ctx: Context, id_or_prefix: str, reason: str = "") -> NodeRecord:
     longer relayed. Raises FtisError NODE_UNKNOWN."""
     node = ctx.state.resolve_node(id_or_prefix)
     log.warning("banning node %s: %s", node.node_id, reason)
+    ctx.nodes.drop(node.node_id)
     return ctx.state.set_ban(node.node_id, True, reason or "banned by operator")
 
 
@@ -78,6 +79,7 @@ def unban(ctx: Context, id_or_prefix: str) -> NodeRecord:
     Raises FtisError NODE_UNKNOWN."""
     node = ctx.state.resolve_node(id_or_prefix)
     log.warning("unbanning node %s", node.node_id)
+    ctx.nodes.drop(node.node_id)
     ctx.state.set_ban(node.node_id, False, "")
     return ctx.state.reset_bad_evidence(node.node_id, ctx.clock())
 

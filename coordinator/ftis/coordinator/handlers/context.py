@@ -77,6 +77,41 @@ class SeenBuffer:
         return len(batch)
 
 
+#: How long an authenticated node's record is reused by this process (seconds).
+NODE_CACHE_S = 1.0
+
+
+class NodeCache:
+    """Node records read by authentication, reused for :data:`NODE_CACHE_S`, so that a
+    volunteer's lease, pull and heartbeat calls do not each read its row. Bans and
+    re-registrations made by this process drop the entry at once; another worker
+    process's ban takes effect here within :data:`NODE_CACHE_S` (the submit path never
+    uses the cache: its snapshot reads the node afresh)."""
+
+    def __init__(self, ttl_s: float = NODE_CACHE_S, capacity: int = 100_000) -> None:
+        self.ttl_ms = int(ttl_s * 1000)
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._nodes: dict[str, tuple[int, object]] = {}
+
+    def get(self, node_id: str, now_ms: int) -> object | None:
+        with self._lock:
+            hit = self._nodes.get(node_id)
+        if hit is None or now_ms - hit[0] > self.ttl_ms or now_ms < hit[0]:
+            return None
+        return hit[1]
+
+    def put(self, node_id: str, node: object, now_ms: int) -> None:
+        with self._lock:
+            if len(self._nodes) >= self.capacity:
+                self._nodes.clear()
+            self._nodes[node_id] = (now_ms, node)
+
+    def drop(self, node_id: str) -> None:
+        with self._lock:
+            self._nodes.pop(node_id, None)
+
+
 @dataclass
 class Context:
     """What handlers need. Build it with :meth:`create`.
@@ -92,6 +127,7 @@ class Context:
             quotas are counted in the database instead).
         tokenizers: per-process cache of uploaded tokenizers.
         seen: buffered last-seen times.
+        nodes: node records reused by authentication for up to a second.
         policy: the reputation policy in force (settings row if set, else the config's).
     """
 
@@ -102,6 +138,7 @@ class Context:
     quotas: Quotas
     tokenizers: TokenizerCache
     seen: SeenBuffer = field(default_factory=SeenBuffer)
+    nodes: NodeCache = field(default_factory=NodeCache)
     policy: ReputationConfig = field(default_factory=ReputationConfig)
     upload_lock: threading.Lock = field(default_factory=threading.Lock)
 

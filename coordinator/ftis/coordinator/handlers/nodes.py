@@ -29,13 +29,18 @@ def authenticate(ctx: Context, request: Message, method: str) -> NodeRecord:
 
     Order: node known (NODE_UNKNOWN) → signature and timestamp over the request with the
     registered key (AUTH_INVALID / AUTH_EXPIRED, skew = ``register_clock_skew_s``) → not
-    banned (NODE_BANNED). One database read.
+    banned (NODE_BANNED). One database read, or none while the node's record is in
+    ``ctx.nodes`` (:class:`~ftis.coordinator.handlers.context.NodeCache`, one second).
     """
     node_id = request.node_id  # type: ignore[attr-defined]
-    node = ctx.state.get_node(node_id)
+    now = ctx.clock()
+    node = ctx.nodes.get(node_id, now)
     if node is None:
-        raise FtisError(ErrorCode.NODE_UNKNOWN, f"node {node_id[:64]!r} is not registered")
-    verify_request(request, method, node.public_key, ctx.clock(),
+        node = ctx.state.get_node(node_id)
+        if node is None:
+            raise FtisError(ErrorCode.NODE_UNKNOWN, f"node {node_id[:64]!r} is not registered")
+        ctx.nodes.put(node_id, node, now)
+    verify_request(request, method, node.public_key, now,
                    int(ctx.config.register_clock_skew_s * 1000))
     return check_node_record(node, node_id)
 
@@ -75,6 +80,7 @@ def register(ctx: Context, envelope: bundle_pb2.SignedEnvelope, peer: str = "") 
         client_version=payload.client_version,
         now_ms=now,
     )
+    ctx.nodes.drop(node_id)  # a new model card or key
     log.info("node %s registered (%s, %s)", node_id, payload.display_name, card.base_model)
     return node
 

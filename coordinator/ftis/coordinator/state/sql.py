@@ -325,6 +325,57 @@ def _escape_like(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+class _Hot:
+    """Statements of the hot paths, built once with bind parameters: SQLAlchemy then
+    reuses their compiled form and memoized cache keys instead of rebuilding them on
+    every call (see ``bench/results`` for the effect)."""
+
+    nodes, reps, leases = NodeRow.__table__, ReputationRow.__table__, LeaseRow.__table__
+    bundles, verdicts, evidence = BundleRow.__table__, VerdictRow.__table__, EvidenceRow.__table__
+    counters = CounterRow.__table__
+
+    lease_by_task = select(leases).where(leases.c.task_id == bindparam("task_id"))
+    snapshot_counts = select(
+        exists().where(bundles.c.bundle_id == bindparam("bundle_id")),
+        select(func.count(verdicts.c.id))
+        .where(verdicts.c.node_id == bindparam("node_id"),
+               verdicts.c.at_ms >= bindparam("window_start"),
+               # refusals by the quota itself do not count against it
+               verdicts.c.code != int(ErrorCode.RATE_LIMITED))
+        .scalar_subquery(),
+        select(func.coalesce(func.sum(bundles.c.size_bytes), 0))
+        .where(bundles.c.node_id == bindparam("node_id"),
+               bundles.c.stored_at_ms >= bindparam("window_start"))
+        .scalar_subquery(),
+    )
+    negative_reporters = select(evidence.c.reporter_node_id).distinct().where(
+        evidence.c.node_id == bindparam("node_id"),
+        evidence.c.kind == reputation.FEEDBACK,
+        evidence.c.at_ms >= bindparam("since"),
+        evidence.c.weight < 0,
+    )
+    answer_lease = (
+        update(leases)
+        .where(leases.c.lease_id == bindparam("b_lease_id"), leases.c.bundle_id.is_(None))
+        .values(bundle_id=bindparam("b_bundle_id"))
+        .returning(leases.c.dataset)
+    )
+    insert_bundle = insert(bundles).returning(bundles.c.sequence)
+    insert_verdict = insert(verdicts)
+    insert_evidence = insert(evidence)
+    update_standing = update(reps).where(reps.c.node_id == bindparam("b_node_id")).values(
+        good=bindparam("b_good"), bad=bindparam("b_bad"), updated_ms=bindparam("b_updated"),
+        quarantined=bindparam("b_quarantined"))
+    lock_node_id = (select(nodes.c.node_id).where(nodes.c.node_id == bindparam("node_id"))
+                    .with_for_update())
+    outstanding = select(func.count(leases.c.lease_id)).where(
+        leases.c.node_id == bindparam("node_id"), leases.c.bundle_id.is_(None),
+        leases.c.deadline_ms >= bindparam("now"))
+    reserve = (update(counters).where(counters.c.name == bindparam("b_name"))
+               .values(value=counters.c.value + bindparam("b_n")).returning(counters.c.value))
+    insert_leases = insert(leases)
+
+
 class SqlState(State):
     """:class:`State` on any SQLAlchemy URL.
 
@@ -447,6 +498,8 @@ class SqlState(State):
         ReputationRow.__table__,
         ReputationRow.__table__.c.node_id == NodeRow.__table__.c.node_id))
 
+    _NODE_BY_ID = _NODE_COLUMNS.where(NodeRow.__table__.c.node_id == bindparam("node_id"))
+
     @staticmethod
     def _node_from_row(m: Any) -> NodeRecord:
         """A NodeRecord from a :data:`_NODE_COLUMNS` row."""
@@ -480,8 +533,7 @@ class SqlState(State):
     def _read_node(self, session: Session | Connection, node_id: str) -> NodeRecord | None:
         if not _storable(node_id):
             return None
-        row = session.execute(
-            self._NODE_COLUMNS.where(NodeRow.__table__.c.node_id == node_id)).first()
+        row = session.execute(self._NODE_BY_ID, {"node_id": node_id}).first()
         return None if row is None else self._node_from_row(row)
 
     @staticmethod
@@ -549,27 +601,14 @@ class SqlState(State):
             if self.is_postgres:  # one snapshot for every statement below
                 session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
             node = self._read_node(session, node_id)
-            leases = LeaseRow.__table__
             lease_row = (
-                session.execute(select(leases).where(leases.c.task_id == task_id)).first()
+                session.execute(_Hot.lease_by_task, {"task_id": task_id}).first()
                 if _storable(task_id)
                 else None
             )
-            recent = (
-                select(func.count(VerdictRow.id))
-                .where(VerdictRow.node_id == node_id, VerdictRow.at_ms >= window_start_ms,
-                       # refusals by the quota itself do not count against it
-                       VerdictRow.code != int(ErrorCode.RATE_LIMITED))
-                .scalar_subquery()
-            )
-            recent_bytes = (
-                select(func.coalesce(func.sum(BundleRow.size_bytes), 0))
-                .where(BundleRow.node_id == node_id, BundleRow.stored_at_ms >= window_start_ms)
-                .scalar_subquery()
-            )
-            stored, n_recent, n_bytes = session.execute(
-                select(exists().where(BundleRow.bundle_id == bundle_id), recent, recent_bytes)
-            ).one()
+            stored, n_recent, n_bytes = session.execute(_Hot.snapshot_counts, {
+                "bundle_id": bundle_id, "node_id": node_id,
+                "window_start": window_start_ms}).one()
             reporters = self._negative_reporters(session, node_id, since_ms)
             return SubmissionSnapshot(
                 node=node,
@@ -586,13 +625,8 @@ class SqlState(State):
     ) -> BundleRecord:
         """Mark the lease answered (conditional UPDATE: the replay guard) and insert the
         bundle (Core statements). Raises BUNDLE_REPLAYED (the caller rolls back)."""
-        leases, bundles = LeaseRow.__table__, BundleRow.__table__
-        dataset = session.execute(
-            update(leases)
-            .where(leases.c.lease_id == bundle.lease_id, leases.c.bundle_id.is_(None))
-            .values(bundle_id=bundle.bundle_id)
-            .returning(leases.c.dataset)
-        ).scalar()
+        dataset = session.execute(_Hot.answer_lease, {
+            "b_lease_id": bundle.lease_id, "b_bundle_id": bundle.bundle_id}).scalar()
         if dataset is None:
             raise FtisError(ErrorCode.BUNDLE_REPLAYED, f"lease {bundle.lease_id} already answered")
         values = {
@@ -606,8 +640,7 @@ class SqlState(State):
             "policy_version": bundle.policy_version, "stored_at_ms": now_ms,
             "text_verified": bundle.text_verified, "stored_quarantined": stored_quarantined,
         }
-        sequence = session.execute(
-            insert(bundles).values(**values).returning(bundles.c.sequence)).scalar_one()
+        sequence = session.execute(_Hot.insert_bundle, values).scalar_one()
         return BundleRecord(
             sequence=int(sequence), bundle_id=bundle.bundle_id, node_id=bundle.node_id,
             task_id=bundle.task_id, lease_id=bundle.lease_id, dataset=dataset,
@@ -639,12 +672,12 @@ class SqlState(State):
     def _write_standing(self, session: Session | Connection, node_id: str, standing: Standing,
                         events: list[Evidence], now_ms: int) -> None:
         """Store ``standing`` and one evidence row per event (Core statements)."""
-        reps = ReputationRow.__table__
-        session.execute(update(reps).where(reps.c.node_id == node_id).values(
-            good=float(standing.good), bad=float(standing.bad),
-            updated_ms=int(standing.updated_at_ms), quarantined=bool(standing.quarantined)))
+        session.execute(_Hot.update_standing, {
+            "b_node_id": node_id, "b_good": float(standing.good), "b_bad": float(standing.bad),
+            "b_updated": int(standing.updated_at_ms),
+            "b_quarantined": bool(standing.quarantined)})
         if events:
-            session.execute(insert(EvidenceRow.__table__), [
+            session.execute(_Hot.insert_evidence, [
                 {"node_id": node_id, "at_ms": now_ms, "kind": _clean(e.kind),
                  "weight": float(e.weight), "detail": _clean(e.detail[:2000]),
                  "reporter_node_id": _clean(e.reporter_node_id),
@@ -689,9 +722,10 @@ class SqlState(State):
                     rejected += 1
                     session.execute(reps.update().where(reps.c.node_id == m.node_id)
                                     .values(bundles_rejected=rejected))
-                session.execute(insert(VerdictRow.__table__).values(
-                    node_id=_clean(verdict.node_id), bundle_id=_clean(verdict.bundle_id),
-                    code=int(verdict.code), reason=_clean(verdict.reason), at_ms=now_ms))
+                session.execute(_Hot.insert_verdict, {
+                    "node_id": _clean(verdict.node_id), "bundle_id": _clean(verdict.bundle_id),
+                    "code": int(verdict.code), "reason": _clean(verdict.reason),
+                    "at_ms": now_ms})
                 proof_id: int | None = None
                 standing = None
                 if m is not None:
@@ -814,21 +848,12 @@ class SqlState(State):
         with self._write_conn() as session:
             # The node's row lock serialises lease_block calls for one node across
             # workers (on SQLite, BEGIN IMMEDIATE serialises every writer).
-            nodes = NodeRow.__table__
-            locked = session.execute(select(nodes.c.node_id).where(nodes.c.node_id == node_id)
-                                     .with_for_update()).first() if _storable(node_id) else None
+            locked = (session.execute(_Hot.lock_node_id, {"node_id": node_id}).first()
+                      if _storable(node_id) else None)
             if locked is None:
                 raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {_clean(node_id[:64])!r}")
-            outstanding = int(
-                session.scalar(
-                    select(func.count(LeaseRow.lease_id)).where(
-                        LeaseRow.node_id == node_id,
-                        LeaseRow.bundle_id.is_(None),
-                        LeaseRow.deadline_ms >= now_ms,
-                    )
-                )
-                or 0
-            )
+            outstanding = int(session.scalar(
+                _Hot.outstanding, {"node_id": node_id, "now": now_ms}) or 0)
             if outstanding + count > max_outstanding:
                 raise FtisError(
                     ErrorCode.LEASE_LIMIT,
@@ -838,7 +863,7 @@ class SqlState(State):
             start = self._reserve(session, TASK_DRAWS, count)
             leases = list(make(start))
             if leases:
-                session.execute(insert(LeaseRow.__table__), [
+                session.execute(_Hot.insert_leases, [
                     {"lease_id": x.lease_id, "task_id": x.task_id, "node_id": x.node_id,
                      "dataset": x.dataset, "spec_index": x.spec_index,
                      "entry_json": x.entry.to_json(), "group_size": x.group_size,
@@ -850,12 +875,7 @@ class SqlState(State):
     def _reserve(session: Session | Connection, name: str, n: int) -> int:
         """Advance counter ``name`` by ``n``; returns its value before."""
         counters = CounterRow.__table__
-        after = session.execute(
-            update(counters)
-            .where(counters.c.name == name)
-            .values(value=counters.c.value + n)
-            .returning(counters.c.value)
-        ).scalar()
+        after = session.execute(_Hot.reserve, {"b_name": name, "b_n": n}).scalar()
         if after is None:  # the row is made by revision 0002; only if someone removed it
             issued = int(session.scalar(select(func.count(LeaseRow.lease_id))) or 0)
             session.execute(insert(counters).values(name=name, value=issued + n))
@@ -1311,14 +1331,8 @@ class SqlState(State):
     @staticmethod
     def _negative_reporters(session: Session | Connection, sender_id: str,
                             since_ms: int) -> set[str]:
-        rows = session.scalars(
-            select(EvidenceRow.reporter_node_id).distinct().where(
-                EvidenceRow.node_id == sender_id,
-                EvidenceRow.kind == reputation.FEEDBACK,
-                EvidenceRow.at_ms >= since_ms,
-                EvidenceRow.weight < 0,
-            )
-        )
+        rows = session.scalars(_Hot.negative_reporters, {"node_id": sender_id,
+                                                          "since": since_ms})
         return {r for r in rows if r}
 
     def negative_reporters(self, sender_id: str, since_ms: int) -> set[str]:
