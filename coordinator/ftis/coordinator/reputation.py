@@ -23,7 +23,7 @@ node's row locked); docs/reputation.md describes the whole scheme and every evid
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -442,3 +442,53 @@ def standing_update(events: list[Evidence], now_ms: int,
     """:func:`apply` with its events, time and policy bound: the ``update`` the state
     calls with a node's row locked (``(standing, verified_bundles) -> standing``)."""
     return lambda standing, verified: apply(standing, events, now_ms, verified, cfg)
+
+
+# -- replay (pure; tests and audits recompute a stored standing from its evidence) -----
+#: Evidence kinds written together with a stored bundle (one per bundle, same transaction
+#: as the ``bundles_accepted`` increment): the verified-bundle count of a node at any of
+#: its evidence rows is the number of these among its rows up to and including that one.
+BUNDLE_KINDS = frozenset({BUNDLE_VERIFIED, REWARD_MISMATCH})
+
+
+def replay_standing(
+    events_with_times: Iterable[tuple[int, Evidence | Sequence[Evidence]]],
+    cfg: ReputationConfig,
+    start: Standing | None = None,
+    verified_before: int = 0,
+) -> Standing:
+    """A node's standing recomputed from its evidence rows, oldest (lowest id) first.
+
+    Each item is ``(at_ms, event)`` or ``(at_ms, events)``, the latter for the events one
+    write transaction applied together (:func:`apply` evaluates quarantine once per
+    call). Every item is one :func:`apply`: decay from the previous ``updated_at_ms`` to
+    ``at_ms`` with the half-life, add the weights, re-evaluate quarantine (with its
+    hysteresis) with the verified-bundle count the state passed at that moment, i.e.
+    ``bundles_accepted`` as :meth:`State.commit_submission` hands it to ``update``: it
+    counts the bundle being stored, so an item holding a :data:`BUNDLE_KINDS` event
+    counts it, and a rejection counts only the bundles stored before it. An
+    :data:`OPERATOR_RESET` event replays ``reset_bad_evidence``: ``bad = 0``, quarantine
+    lifted, no decay, ``updated_at_ms`` kept.
+
+    Args:
+        start: the standing before the first event (default ``Standing()``): a node
+            registers with ``Standing(updated_at_ms=registered_at_ms)``.
+        verified_before: verified bundles stored before the first event.
+
+    The replay is exact (the same floating-point operations in the same order) as long
+    as nothing changed the standing without an evidence row, which a reputation policy
+    change does (``set_reputation_policy`` decays and re-evaluates every node under the
+    new policy without a row, and only the newest policy is stored), and as long as the
+    items group events as their transactions did (``apply_evidence_many`` may write
+    several rows per node at one time; the rows do not record their transaction).
+    """
+    standing = start if start is not None else Standing()
+    verified = verified_before
+    for at_ms, item in events_with_times:
+        events = [item] if isinstance(item, Evidence) else list(item)
+        if len(events) == 1 and events[0].kind == OPERATOR_RESET:
+            standing = replace(standing, bad=0.0, quarantined=False)
+            continue
+        verified += sum(1 for e in events if e.kind in BUNDLE_KINDS)
+        standing = apply(standing, events, at_ms, verified, cfg)
+    return standing
