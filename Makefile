@@ -23,6 +23,13 @@ setup: $(STAMP)
 				apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
 		else echo "no PostgreSQL server: install Debian's postgresql package (as root)" \
 			"or set FTIS_SKIP_POSTGRES=1 to skip its tests" >&2; fi; fi
+	@# Headless Chromium for the status-page test (Debian's package; skipped when present,
+	@# not root, or FTIS_SKIP_CHROMIUM=1, and the test then skips).
+	@if [ "$$FTIS_SKIP_CHROMIUM" != 1 ] && ! command -v chromium >/dev/null 2>&1 \
+		&& [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Chromium (apt-get install chromium)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends chromium fonts-dejavu-core >/dev/null; fi
 
 $(STAMP): constraints.txt proto/pyproject.toml coordinator/pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -142,8 +142,9 @@ class Coordinator:
                 zip(page.bundles, page.sender_reputations, strict=True)], page.next_cursor
 
     def report_metrics(self, node_id: str, step: int, values: dict[str, float],
-                       feedback_entries: Sequence[swarm_pb2.SenderFeedback] = ()) -> None:
-        feedback.report_metrics(self.ctx, self.node(node_id), step, values, feedback_entries)
+                       feedback_entries: Sequence[swarm_pb2.SenderFeedback] = ()) -> list:
+        return feedback.report_metrics(self.ctx, self.node(node_id), step, values,
+                                       feedback_entries)
 
     def evidence(self, node_id: str, limit: int = admin.EVIDENCE_SHOWN) -> list[EvidenceRecord]:
         return admin.evidence(self.ctx, node_id, limit)

@@ -87,6 +87,7 @@ BOUNDARY_LOGPROBS = (
     5.0,
     -1e-7,
     -100.0,
+    -100.01,
     -3.4e38,
     3.4e38,
     1e39,
@@ -233,7 +234,8 @@ def mutate_bytes(data: bytes, draw: Draw, max_ops: int = 3) -> bytes:
 
 
 def structure_violations(bundle: bundle_pb2.Bundle, limits: BundleLimits) -> set[int]:
-    """Every documented structural rule a bundle breaks (docs/error-codes.md 130-139).
+    """Every documented structural rule a bundle breaks (docs/error-codes.md 130-139,
+    180-181).
 
     Written from the documentation, not from ``check_structure``: it collects all
     violations instead of stopping at the first, so ``check_structure`` must accept iff
@@ -247,6 +249,11 @@ def structure_violations(bundle: bundle_pb2.Bundle, limits: BundleLimits) -> set
         out.add(ErrorCode.SAMPLING_INVALID)
     if len(bundle.prompt_token_ids) == 0:
         out.add(ErrorCode.PROMPT_MISSING)
+    if (limits.max_prompt_tokens is not None
+            and len(bundle.prompt_token_ids) > limits.max_prompt_tokens) or (
+            limits.max_prompt_chars is not None
+            and len(bundle.prompt_text) > limits.max_prompt_chars):
+        out.add(ErrorCode.PROMPT_TOO_LONG)
 
     def in_vocab(t: int) -> bool:
         return 0 <= t < limits.vocab_size
@@ -269,6 +276,8 @@ def structure_violations(bundle: bundle_pb2.Bundle, limits: BundleLimits) -> set
             out.add(ErrorCode.LOGPROB_NOT_FINITE)
         if any(x > 0 for x in c.logprobs if not math.isnan(x) and not math.isinf(x)):
             out.add(ErrorCode.LOGPROB_POSITIVE)
+        if any(x < -100.0 for x in c.logprobs if not math.isnan(x) and not math.isinf(x)):
+            out.add(ErrorCode.LOGPROB_TOO_SMALL)
         if len(c.text) == 0 or len(c.text) > MAX_TEXT_CHARS_PER_TOKEN * n:
             out.add(ErrorCode.TEXT_MISSING)
     return out
@@ -293,6 +302,8 @@ def random_bundle(draw: Draw) -> tuple[bundle_pb2.Bundle, BundleLimits]:
         group_size=draw.integer(1, 4),
         max_new_tokens=draw.integer(1, 6),
         vocab_size=draw.choice((1000, 50, 2, 1, INT32_MAX)),
+        max_prompt_tokens=None if draw.chance(80) else draw.integer(0, 4),
+        max_prompt_chars=None if draw.chance(80) else draw.integer(0, 8),
     )
     vocab = min(limits.vocab_size, INT32_MAX)
     n_completions = limits.group_size if draw.chance(95) else draw.integer(0, 6)
@@ -324,6 +335,7 @@ def random_bundle(draw: Draw) -> tuple[bundle_pb2.Bundle, BundleLimits]:
     n_prompt = draw.integer(1, 4) if draw.chance(96) else 0
     bundle = bundle_pb2.Bundle(
         sampling=sampling,
+        prompt_text="q" * draw.integer(0, 10),
         prompt_token_ids=[_draw_token(draw, vocab) for _ in range(n_prompt)],
         completions=completions,
     )

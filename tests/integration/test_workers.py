@@ -35,7 +35,8 @@ def two_workers(tmp_path, postgres_database):
     proc = subprocess.Popen(
         [sys.executable, "-m", "ftis.coordinator.cli.main", "serve", "--workers", "2",
          "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--db", url,
-         "--config", str(cfg), "--ready-file", str(ready), "--log-level", "WARNING"],
+         "--config", str(cfg), "--ready-file", str(ready), "--log-level", "WARNING",
+         "--http-listen", "none"],
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 120
     while not ready.exists():

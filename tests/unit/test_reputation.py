@@ -255,20 +255,41 @@ def test_corroborated_negative_feedback_is_not_capped(coord) -> None:
     assert not coord.state.get_node(a.node_id).quarantined
 
 
-@pytest.mark.parametrize("case", ["unknown", "self", "no-bundle", "foreign", "nan", "negative"])
-def test_invalid_feedback_is_refused_and_charged_to_the_reporter(coord, case) -> None:
+@pytest.mark.parametrize("case", ["unknown", "self", "no-bundle", "foreign", "nan", "inf",
+                                  "negative", "fraction", "many-ids"])
+def test_invalid_feedback_entry_is_dropped_and_charged_the_rest_applied(coord, case) -> None:
+    """One invalid entry (issue 13, class 5) no longer voids the report: it is dropped
+    with its reason, the reporter is charged -1 once, and the valid entries and the
+    metrics are applied."""
     sender, other, reporter = register(coord), register(coord), register(coord)
     (theirs,) = _submit(coord, other)
-    feedback = {
+    bad = {
         "unknown": _feedback(NodeIdentity.generate()),
         "self": _feedback(reporter),
         "no-bundle": _feedback(sender, ["ab" * 32]),
         "foreign": _feedback(sender, [theirs.bundle_id]),
         "nan": _feedback(sender, mean_log_ratio=math.nan),
+        "inf": _feedback(sender, mean_log_ratio=-math.inf),
         "negative": _feedback(sender, text_mismatches=-1),
+        "fraction": _feedback(sender, filtered_frac=1.5),
+        "many-ids": _feedback(sender, [theirs.bundle_id] * 65),
     }[case]
+    good = _feedback(other, [theirs.bundle_id], mean_log_ratio=0.1)
+    dropped = coord.report_metrics(reporter.node_id, 1, {"loss": 0.1}, [good, bad, good])
+    assert [d.index for d in dropped] == [1] and dropped[0].reason.startswith("feedback 1 ")
+    (event,) = coord.evidence(reporter.node_id)
+    assert (event.kind, event.weight) == ("feedback_invalid", -1.0)
+    assert "1 of 3 entries dropped" in event.detail
+    assert coord.evidence(sender.node_id) == []
+    applied = [e for e in coord.evidence(other.node_id) if e.kind == "feedback"]
+    assert len(applied) == 2 and all(e.weight > 0 for e in applied)
+    assert coord.state.get_node(reporter.node_id).latest_metrics == {"loss": 0.1}
+
+
+def test_feedback_with_too_many_entries_is_refused_whole(coord) -> None:
+    sender, reporter = register(coord), register(coord)
     with pytest.raises(FtisError) as info:
-        _report(coord, reporter, feedback)
+        _report(coord, reporter, *[_feedback(sender)] * 65)
     assert info.value.code == ErrorCode.FEEDBACK_INVALID
     (event,) = coord.evidence(reporter.node_id)
     assert (event.kind, event.weight) == ("feedback_invalid", -1.0)

@@ -211,6 +211,45 @@ def test_sender_statistics_take_the_loss_filter_decisions(tiny_policy_factory):
     assert learner.sender_stats["peer"].filtered == 1 and m["external_filtered_frac"] == 0.0
 
 
+def test_sender_statistics_stay_finite_for_extreme_generator_logprobs(tiny_policy_factory):
+    """Issue 13, class 5: two tokens of -FLT_MAX (finite, so a receiver of an old or
+    unchecked bundle may see them) overflow the loss's float32 per-completion sum to inf;
+    the receiver's per-sender statistics are float64 with the loss's per-token clamp
+    (|lp_learner - lp_gen| <= 20 nats), so its ReportMetrics stays valid."""
+    import math
+
+    from ftis.client.learner.loss import policy_loss
+    from ftis.v1 import swarm_pb2
+
+    pol = tiny_policy_factory()
+    flt_max = 3.4028234663852886e38
+    external = RolloutGroup([1, 5], [[7, 8, 2], [9, 2]], [[-flt_max, -flt_max, -1.0],
+                                                          [-5.0, -5.1]],
+                            [0.0, 1.0], local=False, sender="peer")
+    samples = groups_to_samples([external], scale_by_std=True)
+    batch = pack(samples, 0)
+    learner = Learner(copy.deepcopy(pol.model), LearnerConfig(learning_rate=0.0), 0)
+    with torch.no_grad():
+        lp = learner._forward_logprobs(batch)
+    out = policy_loss(lp, lp, batch.gen_logprobs, batch.advantages, batch.completion_mask,
+                      LossConfig())
+    assert math.isinf(float(out.per_completion.log_ratio_sum.max()))  # the hazard
+    learner.step([external])
+    st = learner.sender_stats["peer"]
+    assert st.tokens == 5 and math.isfinite(st.log_ratio_sum)
+    # the two extreme tokens count 20 nats each (clamped), the others their true value
+    m = batch.completion_mask
+    rest = (lp.double() - batch.gen_logprobs.double())[m].clamp(max=20.0)
+    assert st.log_ratio_sum == pytest.approx(float(rest.sum()), abs=1e-4)
+    assert float(rest.max()) == 20.0 and (rest == 20.0).sum() == 2
+    report = swarm_pb2.SenderFeedback(sender_node_id="peer", tokens=st.tokens,
+                                      mean_log_ratio=st.mean_log_ratio,
+                                      filtered_frac=st.filtered / st.completions,
+                                      truncated_frac=st.truncated_tokens / st.tokens)
+    assert all(math.isfinite(x) for x in (report.mean_log_ratio, report.filtered_frac,
+                                          report.truncated_frac))
+
+
 def test_cross_tokenizer_groups_carry_no_token_logprobs_and_pack():
     cross = RolloutGroup([1, 5], [[7, 8, 2], [9, 2]], None, [1.0, 0.0], local=False,
                          gen_sequence_logprobs=[-4.0, -3.0])

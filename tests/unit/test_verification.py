@@ -23,9 +23,10 @@ from coordinator_helpers import (
     verify_only,
 )
 
+from ftis.protocol.envelope import seal, signing_digest
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.identity import NodeIdentity
-from ftis.v1 import bundle_pb2
+from ftis.v1 import bundle_pb2, swarm_pb2
 
 
 @pytest.fixture
@@ -192,6 +193,22 @@ def _bad_temperature(b: bundle_pb2.Bundle) -> None:
     b.sampling.temperature = 0.0
 
 
+def _below_min_logprob(b: bundle_pb2.Bundle) -> None:
+    b.completions[0].logprobs[2] = -100.01
+
+
+def _minus_flt_max(b: bundle_pb2.Bundle) -> None:
+    b.completions[0].logprobs[0] = b.completions[0].logprobs[1] = -3.4e38
+
+
+def _prompt_ids_beyond_the_lease(b: bundle_pb2.Bundle) -> None:
+    b.prompt_token_ids.extend([7] * 1000)  # the leased messages allow ~ 500
+
+
+def _prompt_text_beyond_the_lease(b: bundle_pb2.Bundle) -> None:
+    b.prompt_text = "x" * 1000
+
+
 @pytest.mark.parametrize(
     ("mutate", "code"),
     [
@@ -208,12 +225,41 @@ def _bad_temperature(b: bundle_pb2.Bundle) -> None:
         (_no_tokens, ErrorCode.COMPLETION_EMPTY),
         (_no_prompt, ErrorCode.PROMPT_MISSING),
         (_bad_temperature, ErrorCode.SAMPLING_INVALID),
+        (_below_min_logprob, ErrorCode.LOGPROB_TOO_SMALL),
+        (_minus_flt_max, ErrorCode.LOGPROB_TOO_SMALL),
+        (_prompt_ids_beyond_the_lease, ErrorCode.PROMPT_TOO_LONG),
+        (_prompt_text_beyond_the_lease, ErrorCode.PROMPT_TOO_LONG),
     ],
     ids=lambda v: getattr(v, "__name__", str(v)),
 )
 def test_structure_rejections(world, mutate, code) -> None:
     coord, node, lease = world
     _assert_rejected(coord, _mutated(lease, node, mutate), code)
+
+
+def test_bounds_are_inclusive_at_the_limits(world) -> None:
+    """-100 nats is accepted; the prompt limit follows the leased messages exactly."""
+    from ftis.protocol.bundles import PROMPT_TEMPLATE_SLACK, prompt_limits
+    from ftis.tasks import render_messages
+
+    coord, node, lease = world
+    contents = [m["content"] for m in render_messages(lease.entry.question)]
+    max_ids, max_chars = prompt_limits(contents)
+    assert max_ids == sum(len(c.encode()) for c in contents) + PROMPT_TEMPLATE_SLACK
+    assert max_chars == sum(len(c) for c in contents) + PROMPT_TEMPLATE_SLACK
+
+    def at_the_limits(b: bundle_pb2.Bundle) -> None:
+        b.completions[0].logprobs[2] = -100.0
+        b.prompt_token_ids.extend([7] * (max_ids - len(b.prompt_token_ids)))
+        b.prompt_text = "x" * max_chars
+
+    assert verify_only(coord, _mutated(lease, node, at_the_limits)).verified_rewards
+
+    def one_more(b: bundle_pb2.Bundle) -> None:
+        at_the_limits(b)
+        b.prompt_token_ids.append(7)
+
+    _assert_rejected(coord, _mutated(lease, node, one_more), ErrorCode.PROMPT_TOO_LONG)
 
 
 def test_order_sender_checks_come_before_lease_and_structure(world) -> None:
@@ -262,6 +308,72 @@ def test_correct_claims_have_no_mismatch_and_envelope_is_stored_verbatim(world) 
     assert record.fingerprint == FP_A
 
 
+# -- canonical signed payloads (issue 13, class 7) -------------------------------------------
+
+
+def _field(number: int, data: bytes) -> bytes:
+    """One length-delimited protobuf field (wire type 2)."""
+    from ftis.coordinator.server.convert import _length_delimited
+
+    return _length_delimited(number, data)
+
+
+def _resealed(node, payload: bytes) -> bundle_pb2.SignedEnvelope:
+    from ftis.protocol.envelope import signing_digest
+
+    return bundle_pb2.SignedEnvelope(
+        payload_type="bundle", payload=payload, public_key=node.public_key,
+        signature=node.sign(signing_digest("bundle", payload)))
+
+
+def test_unknown_fields_in_the_signed_bundle_are_refused(world) -> None:
+    coord, node, lease = world
+    bundle = build_bundle(lease, node)
+    canonical = bundle.SerializeToString(deterministic=True)
+    padded = canonical + _field(99, b"P" * 2048)  # top level
+    _assert_rejected(coord, _resealed(node, padded), ErrorCode.PAYLOAD_UNKNOWN_FIELDS)
+    # nested: inside the last completion (a repeated field may be split across entries)
+    completion = bundle.completions[-1].SerializeToString() + _field(15, b"P" * 2048)
+    nested = bundle_pb2.Bundle()
+    nested.CopyFrom(bundle)
+    del nested.completions[-1]
+    payload = nested.SerializeToString(deterministic=True) + _field(9, completion)
+    with pytest.raises(FtisError) as info:
+        coord.submit_bundle(_resealed(node, payload))
+    assert info.value.code == ErrorCode.PAYLOAD_UNKNOWN_FIELDS
+    assert "completions[3]" in info.value.reason
+    # inside the model card
+    card = bundle.model_card.SerializeToString() + _field(40, b"P")
+    with pytest.raises(FtisError) as info:
+        coord.submit_bundle(_resealed(node, canonical + _field(4, card)))
+    assert info.value.code == ErrorCode.PAYLOAD_UNKNOWN_FIELDS
+    (event, *_) = coord.evidence(node.node_id)
+    assert event.weight < 0 and "PAYLOAD_UNKNOWN_FIELDS" in event.detail
+
+
+def test_non_canonical_signed_bundle_is_refused(world) -> None:
+    """A repeated singular field: the decoder keeps the last copy, the first is padding
+    that would be stored and relayed although no check saw it."""
+    coord, node, lease = world
+    bundle = build_bundle(lease, node)
+    canonical = bundle.SerializeToString(deterministic=True)
+    padded = _field(8, b"P" * 2048) + canonical  # prompt_text twice, the first 2 KiB
+    decoded = bundle_pb2.Bundle.FromString(padded)
+    assert decoded == bundle  # nothing a check could see differs
+    _assert_rejected(coord, _resealed(node, padded), ErrorCode.PAYLOAD_NOT_CANONICAL)
+    assert coord.submit_bundle(_resealed(node, canonical)).bundle_id
+
+
+def test_stored_envelope_holds_only_the_verified_fields(world) -> None:
+    """Unknown fields of the (unsigned) envelope around the payload are not stored or
+    relayed: the envelope is re-serialized from its four fields."""
+    coord, node, lease = world
+    envelope = seal_bundle(build_bundle(lease, node), node)
+    clean = envelope.SerializeToString()
+    record = coord.submit_bundle(clean + _field(77, b"P" * 4096))
+    assert record.envelope == clean and record.size_bytes == len(clean)
+
+
 def test_registration_rules() -> None:
     clock = FakeClock()
     coord = make_coordinator(clock, register_clock_skew_s=300)
@@ -280,6 +392,15 @@ def test_registration_rules() -> None:
     assert code_of(register_envelope(identity, model_card("abc"), clock.now_ms)) == (
         ErrorCode.REGISTRATION_INVALID
     )
+    huge = register_envelope(identity, model_card(vocab_size=2**40), clock.now_ms)
+    assert code_of(huge) == ErrorCode.REGISTRATION_INVALID  # beyond MAX_VOCAB_SIZE = 2^22
+    payload = swarm_pb2.RegisterPayload.FromString(
+        register_envelope(identity, model_card(), clock.now_ms).payload)
+    padded_card = payload.model_card.SerializeToString() + b"\xfa\x02\x03abc"  # field 47
+    padded = seal("register", payload, identity)
+    padded.payload = padded.payload + b"\x0a" + bytes([len(padded_card)]) + padded_card
+    padded.signature = identity.sign(signing_digest("register", padded.payload))
+    assert code_of(padded) == ErrorCode.PAYLOAD_UNKNOWN_FIELDS
     assert coord.state.list_nodes() == []
     node = coord.register(register_envelope(identity, model_card(), clock.now_ms))
     assert node.node_id == identity.node_id and node.vocab_size == 1000

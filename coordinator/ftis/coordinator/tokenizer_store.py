@@ -10,7 +10,15 @@ accepted only if
    produced, so zip bombs cost nothing) to UTF-8 JSON;
 3. :func:`ftis.protocol.fingerprint.tokenizer_fingerprint` of that JSON equals the
    fingerprint in the request and the node's registered model card;
-4. it loads with ``tokenizers.Tokenizer.from_str``.
+4. it loads with ``tokenizers.Tokenizer.from_str``;
+5. the registered model card's ``vocab_size`` fits the tokenizer
+   (:func:`check_vocab_size`: at least the tokenizer's id bound, at most
+   :func:`max_card_vocab` of it). The same comparison runs when a node registers with a
+   fingerprint whose tokenizer is already known, and when it "uploads" one that is.
+
+At submission every token id must be one the tokenizer can decode
+(:func:`undecodable_id`): ``decode`` silently skips unknown ids, so the text check alone
+would pass a bundle whose ids the tokenizer does not have.
 
 Text is compared with ``tokenizer.decode(token_ids, skip_special_tokens=False)`` of the
 ``tokenizers`` backend: clients must produce completion text exactly that way.
@@ -24,6 +32,7 @@ import logging
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -69,6 +78,59 @@ def load_tokenizer(json_text: str) -> Tokenizer:
         ) from None
 
 
+#: Fingerprints whose id bound :class:`TokenizerCache` remembers (each entry ~200 bytes).
+MAX_REMEMBERED_BOUNDS = 65_536
+#: Padding a model card's ``vocab_size`` may have beyond its tokenizer: embedding
+#: matrices are often rounded up to a multiple of 64-1024 rows (Qwen2.5: 151,936 rows
+#: for 151,665 tokens, +271; DeepSeek-V3: +465; Phi-3: +53), while the embedded models
+#: have none (SmolLM2-135M: 49,152 = 49,152; Gemma-3-270M: 262,144 = 262,144, its 6,384
+#: added tokens inside). At least this many rows, or 1/64 of the tokenizer's.
+VOCAB_PADDING_MIN = 1024
+VOCAB_PADDING_FRACTION = 64
+
+
+def token_id_bound(tokenizer: Tokenizer) -> int:
+    """One more than the largest id the tokenizer knows (added tokens included)."""
+    bound = int(tokenizer.get_vocab_size(with_added_tokens=True))
+    added = tokenizer.get_added_tokens_decoder()
+    return max(bound, max(added) + 1) if added else bound
+
+
+def max_card_vocab(tokenizer_bound: int) -> int:
+    """Largest model-card ``vocab_size`` accepted for a tokenizer with this id bound."""
+    return tokenizer_bound + max(VOCAB_PADDING_MIN, tokenizer_bound // VOCAB_PADDING_FRACTION)
+
+
+def check_vocab_size(card_vocab_size: int, tokenizer: Tokenizer | int) -> int:
+    """The model card's ``vocab_size`` (embedding rows) against the tokenizer (or its
+    :func:`token_id_bound`): at least its id bound (the model must be able to emit every
+    token), at most :func:`max_card_vocab` (padding, not a made-up size). Returns the
+    tokenizer's id bound.
+
+    Raises:
+        FtisError: VOCAB_SIZE_MISMATCH.
+    """
+    bound = tokenizer if isinstance(tokenizer, int) else token_id_bound(tokenizer)
+    if not bound <= card_vocab_size <= max_card_vocab(bound):
+        raise FtisError(
+            ErrorCode.VOCAB_SIZE_MISMATCH,
+            f"model card vocab_size {card_vocab_size} does not fit the tokenizer's {bound} "
+            f"ids (allowed: {bound} to {max_card_vocab(bound)}); register the model's "
+            "embedding size",
+        )
+    return bound
+
+
+def undecodable_id(tokenizer: Tokenizer, token_ids: Iterable[int]) -> int | None:
+    """The smallest of ``token_ids`` the tokenizer has no token for (``None`` if it knows
+    them all): negative ids, ids beyond its vocabulary and added tokens, and holes
+    between them. One ``id_to_token`` lookup per distinct id (~1 us)."""
+    for token_id in sorted(set(token_ids)):
+        if token_id < 0 or tokenizer.id_to_token(token_id) is None:
+            return token_id
+    return None
+
+
 def check_upload(
     gz: bytes,
     fingerprint: str,
@@ -76,14 +138,16 @@ def check_upload(
     *,
     max_gz_bytes: int,
     max_json_bytes: int,
+    card_vocab_size: int | None = None,
 ) -> tuple[Tokenizer, int]:
-    """Validate an upload (rules 1-4 of the module docstring).
+    """Validate an upload (rules 1-4 of the module docstring, and 5 when
+    ``card_vocab_size``, the registered model card's, is given).
 
     Returns:
         ``(tokenizer, vocab_size)`` with the vocabulary size including added tokens.
 
     Raises:
-        FtisError: TOKENIZER_INVALID.
+        FtisError: TOKENIZER_INVALID or VOCAB_SIZE_MISMATCH.
     """
     if len(gz) > max_gz_bytes:
         raise FtisError(
@@ -109,6 +173,8 @@ def check_upload(
             f"uploaded tokenizer has fingerprint {actual}, expected {fingerprint}",
         )
     tokenizer = load_tokenizer(text)
+    if card_vocab_size is not None:
+        check_vocab_size(card_vocab_size, tokenizer)
     return tokenizer, int(tokenizer.get_vocab_size(with_added_tokens=True))
 
 
@@ -126,6 +192,7 @@ class TokenizerCache:
         self.capacity = max(1, capacity)
         self.max_json_bytes = max_json_bytes
         self._loaded: OrderedDict[str, Tokenizer] = OrderedDict()
+        self._bounds: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def put(self, fingerprint: str, tokenizer: Tokenizer) -> None:
@@ -148,6 +215,25 @@ class TokenizerCache:
         tokenizer = load_tokenizer(gunzip_bounded(gz, self.max_json_bytes).decode("utf-8"))
         self.put(fingerprint, tokenizer)
         return tokenizer
+
+    def id_bound(self, fingerprint: str) -> int | None:
+        """:func:`token_id_bound` of the tokenizer with this fingerprint (``None`` if none
+        was uploaded), remembered per fingerprint apart from the LRU, so that comparing
+        model cards with it (registration, upload) never reloads an evicted tokenizer
+        more than once per process."""
+        with self._lock:
+            bound = self._bounds.get(fingerprint)
+        if bound is not None:
+            return bound
+        tokenizer = self.get(fingerprint)
+        if tokenizer is None:
+            return None
+        bound = token_id_bound(tokenizer)
+        with self._lock:
+            if len(self._bounds) >= MAX_REMEMBERED_BOUNDS:
+                self._bounds.clear()
+            self._bounds[fingerprint] = bound
+        return bound
 
     def known(self, fingerprint: str) -> bool:
         """Whether a tokenizer with this fingerprint was uploaded (loaded or stored)."""

@@ -11,16 +11,23 @@ Bundle checks run in exactly this order, cheapest first; the first failure raise
 3. payload not already stored ........... BUNDLE_REPLAYED (charged to no one)
    sender registered / not banned ...... NODE_UNKNOWN / NODE_BANNED
    then the sender's quota (bundles and bytes in the last minute) .. RATE_LIMITED
+   then the signed payload is exactly the canonical encoding of its known fields
+   (``check_canonical``) .............. PAYLOAD_UNKNOWN_FIELDS, PAYLOAD_NOT_CANONICAL
 4. ``bundle.node_id`` == key's node id . NODE_MISMATCH
-5. model card fingerprint == registered  MODEL_CARD_MISMATCH
+5. model card fingerprint == registered  MODEL_CARD_MISMATCH; where the sender's
+   tokenizer is known, the registered vocab_size fits it .... VOCAB_SIZE_MISMATCH
 6. lease: task known, lease owned by sender, lease id matches, not expired, not yet
    answered ............................ TASK_UNKNOWN, LEASE_FOREIGN, LEASE_UNKNOWN,
    LEASE_EXPIRED, BUNDLE_REPLAYED
-7. structure (``check_structure`` with the lease's G and max_new_tokens and the
-   registered vocab size) .............. 13x codes
-7b. text, where the coordinator knows the sender's tokenizer: every completion's
-   ``text == decode(token_ids, skip_special_tokens=False)`` .... TEXT_MISMATCH; the
-   decoded ``prompt_token_ids`` contain the leased question verbatim .. PROMPT_MISMATCH.
+7. structure (``check_structure`` with the lease's G and max_new_tokens, the
+   registered vocab size, and the prompt bounds derived from the leased messages,
+   ``prompt_limits``) ................... 13x codes, LOGPROB_TOO_SMALL, PROMPT_TOO_LONG
+7b. text, where the coordinator knows the sender's tokenizer: every prompt and
+   completion id is one the tokenizer can decode ............ TOKEN_NOT_IN_TOKENIZER;
+   every completion's ``text == decode(token_ids, skip_special_tokens=False)``
+   ...................................... TEXT_MISMATCH; the decoded prompt is at most
+   the leased messages' characters + ``PROMPT_TEMPLATE_SLACK`` .... PROMPT_TOO_LONG, and
+   contains the leased question verbatim .......................... PROMPT_MISMATCH.
    Without an uploaded tokenizer: TOKENIZER_REQUIRED when ``require_tokenizer``, else
    the bundle is stored with ``text_verified = False``.
 8. re-score every completion with the shared scorer; claimed rewards that differ by
@@ -45,10 +52,17 @@ from ftis.coordinator.state.base import (
     NodeRecord,
     SubmissionSnapshot,
 )
-from ftis.coordinator.tokenizer_store import decode
-from ftis.protocol.bundles import BundleLimits, check_structure, completion_tokens
+from ftis.coordinator.tokenizer_store import check_vocab_size, decode, undecodable_id
+from ftis.protocol.bundles import (
+    BundleLimits,
+    check_canonical,
+    check_structure,
+    completion_tokens,
+    prompt_limits,
+)
 from ftis.protocol.envelope import open_envelope, parse_envelope_bytes
 from ftis.protocol.errors import ErrorCode, FtisError
+from ftis.tasks import render_messages
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
@@ -60,6 +74,10 @@ ENVELOPE_OVERHEAD_BYTES = 1024
 _FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
 MAX_DISPLAY_NAME_CHARS = 128
 MAX_CLIENT_VERSION_CHARS = 128
+#: Largest model-card ``vocab_size`` a registration may claim: 16x Gemma 3's 262,144,
+#: the largest vocabulary among the supported families. Where the tokenizer is known,
+#: the card is compared with it (``tokenizer_store.check_vocab_size``).
+MAX_VOCAB_SIZE = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -71,13 +89,17 @@ class OpenedBundle:
         sender_id: the node id of the signing key (only set once the signature verified,
             so garbage signed with someone else's key is never charged to that node).
         bundle_id: hex SHA-256 of the payload.
-        envelope_bytes: the envelope as received (kept as proof, stored, relayed).
+        envelope_bytes: the envelope re-serialized from its four defined fields
+            (payload type, payload, key, signature): kept as proof, stored and relayed, so
+            nothing the sender added around the signed payload travels on.
+        payload: the signed payload bytes (checked for canonical encoding).
     """
 
     bundle: bundle_pb2.Bundle
     sender_id: str
     bundle_id: str
     envelope_bytes: bytes
+    payload: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -174,13 +196,33 @@ def check_lease(
     return lease
 
 
-def check_text(tokenizer: object, bundle: bundle_pb2.Bundle, question: str) -> None:
-    """Completion text must be the decoding of its tokens, and the decoded prompt must
-    contain the leased question verbatim (decoding: ``tokenizers`` backend,
-    ``skip_special_tokens=False``).
+def check_token_ids(tokenizer: object, bundle: bundle_pb2.Bundle) -> None:
+    """Every prompt and completion id must be one the sender's tokenizer can decode
+    (``decode`` would silently skip the others, so the text check alone cannot see them).
 
     Raises:
-        FtisError: TEXT_MISMATCH (also when decoding fails) or PROMPT_MISMATCH.
+        FtisError: TOKEN_NOT_IN_TOKENIZER.
+    """
+    ids = set(bundle.prompt_token_ids)
+    for c in bundle.completions:
+        ids.update(c.token_ids)
+    bad = undecodable_id(tokenizer, ids)  # type: ignore[arg-type]
+    if bad is not None:
+        raise FtisError(
+            ErrorCode.TOKEN_NOT_IN_TOKENIZER,
+            f"token id {bad} is not in the sender's uploaded tokenizer",
+        )
+
+
+def check_text(tokenizer: object, bundle: bundle_pb2.Bundle, question: str,
+               max_prompt_chars: int | None = None) -> None:
+    """Completion text must be the decoding of its tokens, and the decoded prompt must be
+    at most ``max_prompt_chars`` long and contain the leased question verbatim
+    (decoding: ``tokenizers`` backend, ``skip_special_tokens=False``).
+
+    Raises:
+        FtisError: TEXT_MISMATCH (also when decoding fails), PROMPT_TOO_LONG or
+            PROMPT_MISMATCH.
     """
     for i, c in enumerate(bundle.completions):
         try:
@@ -199,6 +241,12 @@ def check_text(tokenizer: object, bundle: bundle_pb2.Bundle, question: str) -> N
         prompt = decode(tokenizer, bundle.prompt_token_ids)  # type: ignore[arg-type]
     except Exception as exc:
         raise FtisError(ErrorCode.PROMPT_MISMATCH, f"prompt tokens do not decode: {exc}") from None
+    if max_prompt_chars is not None and len(prompt) > max_prompt_chars:
+        raise FtisError(
+            ErrorCode.PROMPT_TOO_LONG,
+            f"decoded prompt has {len(prompt)} characters, the leased messages and a chat "
+            f"template allow {max_prompt_chars}",
+        )
     if question not in prompt:
         raise FtisError(
             ErrorCode.PROMPT_MISMATCH, "decoded prompt does not contain the leased question"
@@ -208,11 +256,21 @@ def check_text(tokenizer: object, bundle: bundle_pb2.Bundle, question: str) -> N
 def rescore(lease: LeaseRecord, bundle: bundle_pb2.Bundle) -> tuple[list[float], int]:
     """Re-score every completion with the shared scorer.
 
+    A text longer than :data:`ftis.tasks.scoring.MAX_SCORED_TEXT_CHARS` scores 0 without
+    reaching the scorer (as it does in ``score_completion`` on the client), so the work
+    per completion is bounded whatever the structure check let through; extraction is
+    linear in the text (:mod:`ftis.tasks.scoring`): a few ms for the longest text.
+
     Returns:
         ``(verified_rewards, reward_mismatches)``: one reward in [0, 1] per completion,
         and how many claimed rewards differ from it by more than 1e-6.
     """
-    rewards = [lease.entry.score(c.text) for c in bundle.completions]
+    from ftis.tasks.scoring import MAX_SCORED_TEXT_CHARS
+
+    rewards = [
+        0.0 if len(c.text) > MAX_SCORED_TEXT_CHARS else lease.entry.score(c.text)
+        for c in bundle.completions
+    ]
     mismatches = sum(
         1
         for c, r in zip(bundle.completions, rewards, strict=True)
@@ -237,8 +295,7 @@ def open_bundle(
     """
     envelope_limit = max_bundle_bytes + ENVELOPE_OVERHEAD_BYTES
     if isinstance(envelope, bytes | bytearray | memoryview):
-        raw = bytes(envelope)
-        message = parse_envelope_bytes(raw, envelope_limit)
+        message = parse_envelope_bytes(bytes(envelope), envelope_limit)
     else:
         if envelope.ByteSize() > envelope_limit:
             raise FtisError(
@@ -246,9 +303,13 @@ def open_bundle(
                 f"envelope is {envelope.ByteSize()} bytes, limit {envelope_limit}",
             )
         message = envelope
-        raw = envelope.SerializeToString()
     bundle, sender_id = open_envelope(message, "bundle", bundle_pb2.Bundle, max_bundle_bytes)
-    return OpenedBundle(bundle, sender_id, hashlib.sha256(message.payload).hexdigest(), raw)
+    canonical = bundle_pb2.SignedEnvelope(
+        payload_type=message.payload_type, payload=message.payload,
+        public_key=message.public_key, signature=message.signature,
+    ).SerializeToString(deterministic=True)
+    return OpenedBundle(bundle, sender_id, hashlib.sha256(message.payload).hexdigest(),
+                        canonical, bytes(message.payload))
 
 
 def check_quota(snapshot: SubmissionSnapshot, size_bytes: int, quota: BundleQuota) -> None:
@@ -274,6 +335,7 @@ def check_submission(
     tokenizer: object | None = None,
     require_tokenizer: bool = False,
     quota: BundleQuota | None = None,
+    tokenizer_id_bound: int | None = None,
 ) -> VerifiedBundle:
     """Checks 3-8 of the module docstring on an opened envelope, against one read
     ``snapshot`` of the state. Pure: reads and writes nothing else.
@@ -282,6 +344,9 @@ def check_submission(
         tokenizer: the sender's uploaded tokenizer (text checks), or ``None``.
         require_tokenizer: TOKENIZER_REQUIRED when ``tokenizer`` is ``None``.
         quota: the per-minute submission quota (``None``: unlimited).
+        tokenizer_id_bound: ``token_id_bound(tokenizer)`` if the caller has it
+            remembered (``TokenizerCache.id_bound``); computed from ``tokenizer``
+            otherwise.
 
     Raises:
         FtisError: the first failing check's code (see module docstring); for an
@@ -296,6 +361,7 @@ def check_submission(
     node = check_node_record(snapshot.node, sender_id)
     if quota is not None:
         check_quota(snapshot, len(opened.envelope_bytes), quota)
+    check_canonical(bundle, opened.payload)
     if bundle.node_id != sender_id:
         raise FtisError(
             ErrorCode.NODE_MISMATCH,
@@ -306,17 +372,25 @@ def check_submission(
             ErrorCode.MODEL_CARD_MISMATCH,
             "tokenizer fingerprint differs from the registered model card; re-register",
         )
+    if tokenizer is not None:  # a card registered before its tokenizer was uploaded
+        check_vocab_size(node.vocab_size, tokenizer_id_bound if tokenizer_id_bound is not None
+                         else tokenizer)  # type: ignore[arg-type]
     lease = check_lease(snapshot.lease, bundle, sender_id, now_ms)
+    max_prompt_tokens, max_prompt_chars = prompt_limits(
+        m["content"] for m in render_messages(lease.entry.question))
     check_structure(
         bundle,
         BundleLimits(
             group_size=lease.group_size,
             max_new_tokens=lease.max_new_tokens,
             vocab_size=node.vocab_size,
+            max_prompt_tokens=max_prompt_tokens,
+            max_prompt_chars=max_prompt_chars,
         ),
     )
     if tokenizer is not None:
-        check_text(tokenizer, bundle, lease.entry.question)
+        check_token_ids(tokenizer, bundle)
+        check_text(tokenizer, bundle, lease.entry.question, max_prompt_chars)
     elif require_tokenizer:
         raise FtisError(
             ErrorCode.TOKENIZER_REQUIRED,
@@ -344,19 +418,23 @@ def verify_registration(
 ) -> tuple[swarm_pb2.RegisterPayload, str]:
     """Check a signed registration.
 
-    Rules: envelope as for bundles (payload type "register"); ``|now - timestamp_ms|``
-    within ``clock_skew_ms``; model card with ``vocab_size > 0`` and a lowercase 64-hex
-    ``tokenizer_fingerprint``; display name and client version at most 128 characters.
+    Rules: envelope as for bundles (payload type "register"); the payload canonically
+    encoded with no unknown fields (``check_canonical``); ``|now - timestamp_ms|``
+    within ``clock_skew_ms``; model card with ``0 < vocab_size <= MAX_VOCAB_SIZE`` and a
+    lowercase 64-hex ``tokenizer_fingerprint``; display name and client version at most
+    128 characters.
 
     Returns:
         ``(payload, node_id)``.
 
     Raises:
-        FtisError: envelope codes (1xx) or REGISTRATION_INVALID.
+        FtisError: envelope codes (1xx, PAYLOAD_UNKNOWN_FIELDS, PAYLOAD_NOT_CANONICAL) or
+            REGISTRATION_INVALID.
     """
     payload, node_id = open_envelope(
         envelope, "register", swarm_pb2.RegisterPayload, max_payload_bytes
     )
+    check_canonical(payload, envelope.payload)
     skew = now_ms - payload.timestamp_ms
     if abs(skew) > clock_skew_ms:
         raise FtisError(
@@ -365,8 +443,9 @@ def verify_registration(
             f"(allowed {clock_skew_ms} ms); fix the clock",
         )
     card = payload.model_card
-    if card.vocab_size <= 0:
-        raise FtisError(ErrorCode.REGISTRATION_INVALID, "model card vocab_size must be > 0")
+    if not 0 < card.vocab_size <= MAX_VOCAB_SIZE:
+        raise FtisError(ErrorCode.REGISTRATION_INVALID,
+                        f"model card vocab_size must be in [1, {MAX_VOCAB_SIZE}]")
     if not _FINGERPRINT.match(card.tokenizer_fingerprint):
         raise FtisError(
             ErrorCode.REGISTRATION_INVALID,

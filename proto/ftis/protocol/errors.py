@@ -4,6 +4,12 @@ Every rejection the coordinator sends has a code from this enum and a one-line r
 the table with meanings lives in ``docs/error-codes.md``. :class:`LocalErrorCode` adds
 the codes of checks a client runs itself on relayed bundles (17x); those never travel on
 the wire.
+
+Blocks: 10x envelope and signed payload (incl. PAYLOAD_UNKNOWN_FIELDS,
+PAYLOAD_NOT_CANONICAL), 11x sender, 12x lease, 13x structure, 14x registration and
+requests, 15x checks against the sender's tokenizer (incl. TOKEN_NOT_IN_TOKENIZER,
+VOCAB_SIZE_MISMATCH) and feedback, 16x quotas, 17x local (never sent), 18x structure
+continued, bounds on signed values (LOGPROB_TOO_SMALL, PROMPT_TOO_LONG), 199 internal.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class Evidence(_message.Message):
     def __init__(self, at_ms: _Optional[int] = ..., kind: _Optional[str] = ..., weight: _Optional[float] = ..., detail: _Optional[str] = ..., reporter_node_id: _Optional[str] = ..., bundle_id: _Optional[str] = ...) -> None: ...
 
 class ReputationConfig(_message.Message):
-    __slots__ = ("quarantine_threshold", "half_life_s", "probation_bundles", "probation_threshold", "feedback_weight", "log_ratio_tolerance", "auto_ban_on_proof")
+    __slots__ = ("quarantine_threshold", "half_life_s", "probation_bundles", "probation_threshold", "feedback_weight", "log_ratio_tolerance", "auto_ban_on_proof", "feedback_cap", "filtered_frac_limit", "corroborating_reporters")
     QUARANTINE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     HALF_LIFE_S_FIELD_NUMBER: _ClassVar[int]
     PROBATION_BUNDLES_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,9 @@ class ReputationConfig(_message.Message):
     FEEDBACK_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     LOG_RATIO_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
     AUTO_BAN_ON_PROOF_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_CAP_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_FRAC_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CORROBORATING_REPORTERS_FIELD_NUMBER: _ClassVar[int]
     quarantine_threshold: float
     half_life_s: float
     probation_bundles: int
@@ -87,7 +90,10 @@ class ReputationConfig(_message.Message):
     feedback_weight: float
     log_ratio_tolerance: float
     auto_ban_on_proof: bool
-    def __init__(self, quarantine_threshold: _Optional[float] = ..., half_life_s: _Optional[float] = ..., probation_bundles: _Optional[int] = ..., probation_threshold: _Optional[float] = ..., feedback_weight: _Optional[float] = ..., log_ratio_tolerance: _Optional[float] = ..., auto_ban_on_proof: _Optional[bool] = ...) -> None: ...
+    feedback_cap: float
+    filtered_frac_limit: float
+    corroborating_reporters: int
+    def __init__(self, quarantine_threshold: _Optional[float] = ..., half_life_s: _Optional[float] = ..., probation_bundles: _Optional[int] = ..., probation_threshold: _Optional[float] = ..., feedback_weight: _Optional[float] = ..., log_ratio_tolerance: _Optional[float] = ..., auto_ban_on_proof: _Optional[bool] = ..., feedback_cap: _Optional[float] = ..., filtered_frac_limit: _Optional[float] = ..., corroborating_reporters: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

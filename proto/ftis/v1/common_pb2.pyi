@@ -13,6 +13,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SIGNATURE_INVALID: _ClassVar[ErrorCode]
     PAYLOAD_MALFORMED: _ClassVar[ErrorCode]
     PAYLOAD_TYPE_INVALID: _ClassVar[ErrorCode]
+    PAYLOAD_UNKNOWN_FIELDS: _ClassVar[ErrorCode]
+    PAYLOAD_NOT_CANONICAL: _ClassVar[ErrorCode]
     NODE_UNKNOWN: _ClassVar[ErrorCode]
     NODE_BANNED: _ClassVar[ErrorCode]
     NODE_MISMATCH: _ClassVar[ErrorCode]
@@ -43,9 +45,13 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOKENIZER_REQUIRED: _ClassVar[ErrorCode]
     TOKENIZER_INVALID: _ClassVar[ErrorCode]
     FEEDBACK_INVALID: _ClassVar[ErrorCode]
+    TOKEN_NOT_IN_TOKENIZER: _ClassVar[ErrorCode]
+    VOCAB_SIZE_MISMATCH: _ClassVar[ErrorCode]
     RATE_LIMITED: _ClassVar[ErrorCode]
     REGISTRATION_THROTTLED: _ClassVar[ErrorCode]
     REQUEST_TOO_LARGE: _ClassVar[ErrorCode]
+    LOGPROB_TOO_SMALL: _ClassVar[ErrorCode]
+    PROMPT_TOO_LONG: _ClassVar[ErrorCode]
     INTERNAL: _ClassVar[ErrorCode]
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ENVELOPE_TOO_LARGE: ErrorCode
@@ -53,6 +59,8 @@ ENVELOPE_MALFORMED: ErrorCode
 SIGNATURE_INVALID: ErrorCode
 PAYLOAD_MALFORMED: ErrorCode
 PAYLOAD_TYPE_INVALID: ErrorCode
+PAYLOAD_UNKNOWN_FIELDS: ErrorCode
+PAYLOAD_NOT_CANONICAL: ErrorCode
 NODE_UNKNOWN: ErrorCode
 NODE_BANNED: ErrorCode
 NODE_MISMATCH: ErrorCode
@@ -83,9 +91,13 @@ PROMPT_MISMATCH: ErrorCode
 TOKENIZER_REQUIRED: ErrorCode
 TOKENIZER_INVALID: ErrorCode
 FEEDBACK_INVALID: ErrorCode
+TOKEN_NOT_IN_TOKENIZER: ErrorCode
+VOCAB_SIZE_MISMATCH: ErrorCode
 RATE_LIMITED: ErrorCode
 REGISTRATION_THROTTLED: ErrorCode
 REQUEST_TOO_LARGE: ErrorCode
+LOGPROB_TOO_SMALL: ErrorCode
+PROMPT_TOO_LONG: ErrorCode
 INTERNAL: ErrorCode
 
 class Error(_message.Message):

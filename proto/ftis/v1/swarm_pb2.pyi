@@ -212,10 +212,22 @@ class ReportMetricsRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., step: _Optional[int] = ..., values: _Optional[_Mapping[str, float]] = ..., feedback: _Optional[_Iterable[_Union[SenderFeedback, _Mapping]]] = ..., auth: _Optional[_Union[_common_pb2.RequestAuth, _Mapping]] = ...) -> None: ...
 
 class ReportMetricsResponse(_message.Message):
-    __slots__ = ("error",)
+    __slots__ = ("error", "dropped_feedback")
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FEEDBACK_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
+    dropped_feedback: _containers.RepeatedCompositeFieldContainer[DroppedFeedback]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., dropped_feedback: _Optional[_Iterable[_Union[DroppedFeedback, _Mapping]]] = ...) -> None: ...
+
+class DroppedFeedback(_message.Message):
+    __slots__ = ("index", "sender_node_id", "error")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SENDER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    sender_node_id: str
+    error: _common_pb2.Error
+    def __init__(self, index: _Optional[int] = ..., sender_node_id: _Optional[str] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
 
 class UploadTokenizerRequest(_message.Message):
     __slots__ = ("node_id", "fingerprint", "tokenizer_json_gz", "auth")

@@ -81,10 +81,14 @@ def start_coordinator(out: Path, extra_args: list[str] | None = None,
     (out / "logs").mkdir(exist_ok=True)
     ready = out / "coordinator.ready.json"
     ready.unlink(missing_ok=True)
+    extra = list(extra_args or [])
+    if not any(a.startswith("--http-listen") for a in extra):
+        # the status page on a free port (its address is in the ready file), so that
+        # several swarms run side by side without fighting over the default port
+        extra += ["--http-listen", "127.0.0.1:0"]
     cmd = [sys.executable, "-m", "ftis.coordinator.cli.main", "serve",
            "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-           "--db", str(out / "coordinator.db"), "--ready-file", str(ready),
-           *(extra_args or [])]
+           "--db", str(out / "coordinator.db"), "--ready-file", str(ready), *extra]
     log = open(out / "logs" / "coordinator.log", "ab")  # noqa: SIM115 - owned by the process
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(None))
     deadline = time.monotonic() + timeout_s

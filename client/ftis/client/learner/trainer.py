@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ftis.client.learner import loss as loss_module
 from ftis.client.learner.batch import PackedBatch, Sample, pack
 from ftis.client.learner.loss import (
     CompletionStats,
@@ -168,7 +169,10 @@ class Learner:
                 t_forward += t2 - t1
                 t_backward += time.perf_counter() - t2
                 if not local:
-                    self._record_senders(mb, out.per_completion, cross)
+                    sums = (None if cross else
+                            sender_log_ratio_sums(lp_theta, batch.gen_logprobs,
+                                                  batch.completion_mask))
+                    self._record_senders(mb, out.per_completion, cross, sums)
                 loss_sum += float(loss.detach()) * scale
                 keys = ("all",) if local else ("all", "external", "cross") if cross else (
                     "all", "external")
@@ -197,9 +201,12 @@ class Learner:
         return metrics
 
 
-    def _record_senders(self, mb: list[Sample], per: CompletionStats, cross: bool) -> None:
+    def _record_senders(self, mb: list[Sample], per: CompletionStats, cross: bool,
+                        log_ratio_sums: list[float] | None = None) -> None:
         """Per-sender sums for receiver feedback, from the loss's per-completion
-        statistics (nothing is recomputed: the filter decisions are the loss's own)."""
+        statistics (the filter decisions are the loss's own), except the log-ratio sums:
+        ``log_ratio_sums`` (:func:`sender_log_ratio_sums`, float64 with per-token
+        clamping), so that no sender's log-probs can make a report non-finite."""
         for i, s in enumerate(mb):
             st = self.sender_stats.setdefault(s.sender, SenderStats())
             st.completions += 1
@@ -213,8 +220,30 @@ class Learner:
                 st.cross_tokenizer_completions += 1
                 continue
             st.tokens += int(per.tokens[i])
-            st.log_ratio_sum += float(per.log_ratio_sum[i])
+            st.log_ratio_sum += (float(log_ratio_sums[i]) if log_ratio_sums is not None
+                                 else _finite(float(per.log_ratio_sum[i])))
             st.truncated_tokens += int(per.truncated_tokens[i])
+
+
+def sender_log_ratio_sums(lp_old: torch.Tensor, lp_gen: torch.Tensor | None,
+                          mask: torch.Tensor) -> list[float]:
+    """Per completion, the sum over its tokens of ``lp_old - lp_gen`` (nats) for receiver
+    feedback, safe against hostile log-probs: computed in float64 with each token's
+    log-ratio clamped to ``[-20, 20]`` (the clamp :mod:`~ftis.client.learner.loss`
+    applies before ``exp``; NaN counts as 0), so it is finite whatever the sender sent
+    (at most 20 nats x tokens). The loss's own float32 sum is unclamped: two tokens of
+    -FLT_MAX would make it infinite."""
+    if lp_gen is None:
+        return [0.0] * int(mask.shape[0])
+    bound = loss_module._MAX_LOG_RATIO
+    log_r = lp_old.detach().to(torch.float64) - lp_gen.detach().to(torch.float64)
+    log_r = torch.nan_to_num(log_r, nan=0.0, posinf=bound, neginf=-bound).clamp(-bound, bound)
+    zero = torch.zeros((), dtype=torch.float64, device=log_r.device)
+    return torch.where(mask != 0, log_r, zero).sum(dim=-1).tolist()
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else 0.0
 
 
 @dataclass
@@ -238,7 +267,8 @@ class SenderStats:
 
     @property
     def mean_log_ratio(self) -> float:
-        return self.log_ratio_sum / max(self.tokens, 1)
+        """Mean log-ratio per token; always finite (0 if the sum ever were not)."""
+        return _finite(self.log_ratio_sum / max(self.tokens, 1))
 
 
 class StatAccumulator:

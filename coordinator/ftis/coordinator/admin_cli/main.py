@@ -3,11 +3,12 @@
 ``ftis-admin [--admin HOST:PORT] [--timeout S] COMMAND [--json]`` with commands
 ``nodes list``, ``nodes show NODE``, ``bundles list [--node N] [--limit K]``, ``stats``,
 ``ban NODE [--reason TEXT]``, ``unban NODE`` (also clears quarantine: the node's bad
-reputation evidence is reset to 0), ``reputation show`` and ``reputation set
-[--quarantine-threshold X] [--half-life-s S] [--probation-bundles N]
-[--probation-threshold X] [--feedback-weight W] [--log-ratio-tolerance T]
-[--auto-ban-on-proof/--no-auto-ban-on-proof]``. ``--json`` prints the response as
-proto3 JSON (field names as in ``admin.proto``, int64 as numbers).
+reputation evidence is reset to 0), ``reputation show`` and ``reputation set``, which
+has one flag per :class:`~ftis.coordinator.reputation.ReputationConfig` field, derived
+from the dataclass (``--quarantine-threshold X``, ``--feedback-cap W``,
+``--auto-ban-on-proof/--no-auto-ban-on-proof``, ...), and ``--set FIELD=VALUE`` for any
+of them by name. ``--json`` prints the response as proto3 JSON (field names as in
+``admin.proto``, int64 as numbers).
 
 Exit codes (:class:`ftis.protocol.exit_codes.ExitCode`, docs/exit-codes.md): ``OK``,
 ``USAGE``, ``ADMIN_UNREACHABLE`` (admin service unreachable), ``ADMIN_ERROR_RESPONSE``
@@ -17,9 +18,13 @@ call).
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
+import re
 import sys
 import time
+import typing
 from typing import Annotated, Any
 
 import grpc
@@ -29,6 +34,7 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
+from ftis.coordinator.reputation import ReputationConfig
 from ftis.protocol.errors import ErrorCode, code_name
 from ftis.protocol.exit_codes import ExitCode
 from ftis.v1 import admin_pb2, admin_pb2_grpc
@@ -365,54 +371,116 @@ def reputation_show(as_json: JsonFlag = False) -> None:
     _show_reputation_config(response.config, "reputation policy")
 
 
-@reputation_app.command("set")
-def reputation_set(
-    quarantine_threshold: Annotated[
-        float | None, typer.Option(help="Score below which a node is quarantined.")
-    ] = None,
-    half_life_s: Annotated[float | None, typer.Option(help="Evidence half-life, seconds.")] = None,
-    probation_bundles: Annotated[
-        int | None, typer.Option(help="Verified bundles before probation ends.")
-    ] = None,
-    probation_threshold: Annotated[
-        float | None, typer.Option(help="Quarantine threshold while on probation.")
-    ] = None,
-    feedback_weight: Annotated[
-        float | None, typer.Option(help="Weight of one receiver report (x reporter score).")
-    ] = None,
-    log_ratio_tolerance: Annotated[
-        float | None, typer.Option(help="|mean log-ratio| (nats/token) counted as bad.")
-    ] = None,
-    auto_ban_on_proof: Annotated[
-        bool | None,
-        typer.Option(
-            "--auto-ban-on-proof/--no-auto-ban-on-proof",
-            help="Ban automatically on a signed inconsistent bundle.",
-        ),
-    ] = None,
-    as_json: JsonFlag = False,
-) -> None:
+def _field_help() -> dict[str, str]:
+    """One line of help per :class:`ReputationConfig` field, from its docstring's
+    ``Attributes:`` section."""
+    doc = inspect.getdoc(ReputationConfig) or ""
+    out: dict[str, str] = {}
+    names: list[str] = []
+    in_attributes = False
+    for line in doc.splitlines():
+        if line.strip() == "Attributes:":
+            in_attributes = True
+            continue
+        if not in_attributes:
+            continue
+        if line and not line.startswith(" "):
+            break
+        match = re.match(r"^ {4}([a-z_, ]+):\s*(.*)$", line)
+        if match:
+            names = [n.strip() for n in match.group(1).split(",")]
+            for name in names:
+                out[name] = match.group(2).strip()
+        elif names and line.strip():
+            for name in names:
+                out[name] += " " + line.strip()
+    return {k: v.replace("``", "") for k, v in out.items()}
+
+
+def reputation_fields() -> dict[str, type]:
+    """Every :class:`ReputationConfig` field and its type (``float``, ``int``, ``bool``)."""
+    hints = typing.get_type_hints(ReputationConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(ReputationConfig)}
+
+
+def parse_field_value(name: str, text: str) -> Any:
+    """``--set name=text`` -> a value of the field's type.
+
+    Raises:
+        ValueError: unknown field or a value that is not of its type.
+    """
+    fields = reputation_fields()
+    if name not in fields:
+        raise ValueError(f"unknown setting {name!r}; settings: {', '.join(fields)}")
+    kind = fields[name]
+    value = text.strip()
+    if kind is bool:
+        lowered = value.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{name} takes true or false, got {text!r}")
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{name} takes a {kind.__name__}, got {text!r}") from None
+
+
+def _reputation_set(**options: Any) -> None:
     """Change some settings of the reputation policy (the others are kept); persisted
-    by the coordinator and applied to every node at once."""
+    by the coordinator and applied to every node at once. Every setting has a flag, and
+    --set FIELD=VALUE (repeatable) takes any of them by name."""
+    as_json = bool(options.pop("as_json", False))
+    assignments = options.pop("set_", None) or []
+    changes = {name: value for name, value in options.items() if value is not None}
+    for item in assignments:
+        name, sep, text = item.partition("=")
+        if not sep:
+            _die(ExitCode.USAGE, f"--set expects FIELD=VALUE, got {item!r}")
+        try:
+            changes[name.strip()] = parse_field_value(name.strip(), text)
+        except ValueError as exc:
+            _die(ExitCode.USAGE, str(exc))
+    if not changes:
+        _die(ExitCode.USAGE, "nothing to set: give at least one setting "
+             f"({', '.join('--' + n.replace('_', '-') for n in reputation_fields())} "
+             "or --set FIELD=VALUE)")
     current = _call("GetReputationConfig", admin_pb2.GetReputationConfigRequest()).config
-    changes = {
-        "quarantine_threshold": quarantine_threshold,
-        "half_life_s": half_life_s,
-        "probation_bundles": probation_bundles,
-        "probation_threshold": probation_threshold,
-        "feedback_weight": feedback_weight,
-        "log_ratio_tolerance": log_ratio_tolerance,
-        "auto_ban_on_proof": auto_ban_on_proof,
-    }
     for name, value in changes.items():
-        if value is not None:
-            setattr(current, name, value)
+        setattr(current, name, value)
     response = _call("SetReputationConfig", admin_pb2.SetReputationConfigRequest(config=current))
     _check_error(response, as_json)
     if as_json:
         _print_json(response)
         return
     _show_reputation_config(response.config, "reputation policy (updated)")
+
+
+def _reputation_set_signature() -> inspect.Signature:
+    """``reputation set``'s options, one per :class:`ReputationConfig` field (a bool
+    field gets ``--name/--no-name``), then ``--set`` and ``--json``."""
+    helps = _field_help()
+    params = []
+    for name, kind in reputation_fields().items():
+        flag = "--" + name.replace("_", "-")
+        decl = f"{flag}/--no-{flag[2:]}" if kind is bool else flag
+        option = typer.Option(decl, help=helps.get(name, name))
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[kind | None, option]))
+    params.append(inspect.Parameter(
+        "set_", inspect.Parameter.KEYWORD_ONLY, default=None,
+        annotation=Annotated[list[str] | None, typer.Option(
+            "--set", help="FIELD=VALUE for any setting by its name (repeatable).")]))
+    params.append(inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False,
+                                    annotation=JsonFlag))
+    return inspect.Signature(params)
+
+
+_reputation_set.__signature__ = _reputation_set_signature()  # type: ignore[attr-defined]
+_reputation_set.__annotations__ = {
+    p.name: p.annotation for p in _reputation_set.__signature__.parameters.values()}
+reputation_app.command("set")(_reputation_set)
 
 
 if __name__ == "__main__":

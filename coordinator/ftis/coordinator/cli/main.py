@@ -1,7 +1,10 @@
 """``ftis-coordinator`` command line.
 
-``ftis-coordinator serve [--listen HOST:PORT] [--admin-listen HOST:PORT] [--db PATH|URL]
-[--config FILE] [--ready-file PATH] [--set FIELD=VALUE ...]``; ``--set`` overrides any
+``ftis-coordinator serve [--listen HOST:PORT] [--admin-listen HOST:PORT]
+[--http-listen HOST:PORT|none] [--db PATH|URL] [--config FILE] [--ready-file PATH]
+[--workers N] [--set FIELD=VALUE ...]``; ``--http-listen`` serves ``/metrics`` and the
+status page (default :data:`DEFAULT_HTTP_LISTEN`; if that default address is taken the
+coordinator serves without it, an explicit address must bind); ``--set`` overrides any
 :class:`~ftis.coordinator.config.CoordinatorConfig` field (VALUE parsed as JSON when it
 parses, e.g. ``--set bundles_per_minute=60 --set require_tokenizer=false
 --set reputation.half_life_s=3600``); also runnable as
@@ -35,18 +38,42 @@ app = typer.Typer(
 )
 log = logging.getLogger("ftis.coordinator")
 
+#: Default address of the HTTP listener (``/metrics``, status page).
+DEFAULT_HTTP_LISTEN = "127.0.0.1:7002"
+
 
 @app.callback()
 def _main() -> None:
     """FTIS coordinator."""
 
 
-def write_ready_file(path: Path, listen: str, admin: str) -> None:
-    """Atomically write ``{"listen": "host:port", "admin": "host:port", "pid": N}``."""
+def write_ready_file(path: Path, listen: str, admin: str, http: str | None = None) -> None:
+    """Atomically write ``{"listen": "host:port", "admin": "host:port", "pid": N}``, with
+    ``"http": "host:port"`` when the HTTP listener is bound."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"listen": listen, "admin": admin, "pid": os.getpid()}))
+    info: dict[str, Any] = {"listen": listen, "admin": admin, "pid": os.getpid()}
+    if http:
+        info["http"] = http
+    tmp.write_text(json.dumps(info))
     os.replace(tmp, path)
+
+
+def http_address(value: str | None) -> tuple[str | None, bool]:
+    """``--http-listen`` -> ``(address or None when off, optional)``: the default address
+    (no flag) is optional, an explicit one must bind.
+
+    Raises:
+        ValueError: not ``HOST:PORT`` nor ``none``.
+    """
+    from ftis.coordinator.config import parse_host_port
+
+    if value is None:
+        return DEFAULT_HTTP_LISTEN, True
+    if value.strip().lower() in ("none", "off", ""):
+        return None, False
+    parse_host_port(value.strip())
+    return value.strip(), False
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -85,6 +112,12 @@ def serve(
     ] = None,
     admin_listen: Annotated[
         str | None, typer.Option(help="HOST:PORT of the admin service (keep on loopback).")
+    ] = None,
+    http_listen: Annotated[
+        str | None,
+        typer.Option(envvar="FTIS_COORDINATOR_HTTP_LISTEN",
+                     help=f"HOST:PORT of /metrics and the status page (default "
+                          f"{DEFAULT_HTTP_LISTEN}; 'none' turns it off).")
     ] = None,
     db: Annotated[
         str | None, typer.Option(help="SQLite file path or SQLAlchemy database URL.")
@@ -125,6 +158,7 @@ def serve(
             }
         )
         cfg = load_config(config, **overrides)
+        http, http_optional = http_address(http_listen)
     except (ConfigError, pydantic.ValidationError, ValueError) as exc:
         raise _fail(ExitCode.USAGE, f"invalid configuration: {exc}".replace("\n", " ")) from None
 
@@ -132,10 +166,11 @@ def serve(
     from ftis.coordinator.state.base import DatabaseError
 
     if workers > 1:
-        _serve_workers(cfg, workers, log_level, ready_file)
+        _serve_workers(cfg, workers, log_level, ready_file, http, http_optional)
         return
     try:
-        server = CoordinatorServer(cfg, reuse_port=reuse_port)
+        server = CoordinatorServer(cfg, reuse_port=reuse_port, http_listen=http,
+                                   http_optional=http_optional)
     except DatabaseError as exc:
         raise _fail(ExitCode.COORDINATOR_DATABASE, str(exc)) from None
     except ValueError as exc:  # e.g. a task config ReasoningGYM refuses
@@ -149,7 +184,8 @@ def serve(
     stop = _stop_on_signals()
     try:
         if ready_file is not None:
-            write_ready_file(ready_file, server.address, server.admin_address)
+            write_ready_file(ready_file, server.address, server.admin_address,
+                             server.http_address)
         while not stop.wait(0.5):
             pass
     finally:
@@ -170,9 +206,11 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _serve_workers(cfg: Any, workers: int, log_level: str, ready_file: Path | None) -> None:
+def _serve_workers(cfg: Any, workers: int, log_level: str, ready_file: Path | None,
+                   http: str | None = None, http_optional: bool = False) -> None:
     """``serve --workers N``: migrate the database once, then supervise N workers
-    (:mod:`ftis.coordinator.server.workers`) until SIGINT or SIGTERM."""
+    (:mod:`ftis.coordinator.server.workers`) until SIGINT or SIGTERM; the supervisor
+    serves ``http`` (the workers' summed metrics and the status page)."""
     from ftis.coordinator.server.workers import WorkerError, run_workers
     from ftis.coordinator.state.base import DatabaseError
     from ftis.coordinator.state.sql import SqlState
@@ -186,7 +224,8 @@ def _serve_workers(cfg: Any, workers: int, log_level: str, ready_file: Path | No
         raise _fail(ExitCode.COORDINATOR_DATABASE, str(exc)) from None
     stop = _stop_on_signals()
     try:
-        code = run_workers(cfg, workers, log_level=log_level, ready_file=ready_file, stop=stop)
+        code = run_workers(cfg, workers, log_level=log_level, ready_file=ready_file, stop=stop,
+                           http_listen=http, http_optional=http_optional)
     except WorkerError as exc:
         raise _fail(ExitCode.COORDINATOR_BIND, str(exc)) from None
     if code:

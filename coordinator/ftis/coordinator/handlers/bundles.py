@@ -57,12 +57,16 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
         opened.sender_id, opened.bundle.task_id, opened.bundle_id,
         since_ms=now - int(policy.half_life_s * 1000),
         window_start_ms=now - QUOTA_WINDOW_MS)
+    fingerprint = snapshot.node.fingerprint if snapshot.node else None
+    tokenizer = ctx.tokenizers.get(fingerprint) if fingerprint is not None else None
     try:
         verified = check_submission(
             opened, snapshot, now_ms=now,
-            tokenizer=ctx.tokenizers.get(snapshot.node.fingerprint) if snapshot.node else None,
+            tokenizer=tokenizer,
             require_tokenizer=ctx.config.require_tokenizer,
-            quota=BundleQuota(ctx.config.bundles_per_minute, ctx.config.bundle_bytes_per_minute))
+            quota=BundleQuota(ctx.config.bundles_per_minute, ctx.config.bundle_bytes_per_minute),
+            tokenizer_id_bound=(ctx.tokenizers.id_bound(fingerprint)
+                                if tokenizer is not None and fingerprint is not None else None))
     except FtisError as err:
         _reject(ctx, rejection_verdict(opened, snapshot, err, policy), now, err)
     verdict = acceptance_verdict(verified, snapshot, policy)
@@ -113,6 +117,7 @@ def _reject(ctx: Context, verdict: Verdict, now: int, err: FtisError) -> NoRetur
     log.info("bundle rejected from %s: %s", verdict.node_id or "?", err)
     if verdict.ban_reason:
         log.warning("auto-banning node %s: %s", verdict.node_id, verdict.ban_reason)
+        ctx.nodes.drop(verdict.node_id or "")
     try:
         ctx.state.commit_submission(
             verdict, now, reputation.standing_update(list(verdict.evidence), now, ctx.policy))

@@ -1,10 +1,19 @@
 """Metrics handler: a node's training metrics and its feedback about the senders whose
-bundles it trained on (docs/reputation.md "Receiver feedback")."""
+bundles it trained on (docs/reputation.md "Receiver feedback").
+
+Each feedback entry is checked on its own: invalid entries are dropped with a reason
+(returned to the reporter in ``ReportMetricsResponse.dropped_feedback``) and the valid
+ones are applied, so one bad entry (for example a statistic a hostile bundle made
+non-finite) cannot void the rest of a report. A report with any invalid entry still
+costs the reporter one FEEDBACK_INVALID evidence (-1), as a wholly invalid one did.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ftis.coordinator import reputation
 from ftis.coordinator.handlers.context import Context
@@ -19,6 +28,18 @@ MAX_METRIC_NAME_CHARS = 128
 MAX_FEEDBACK = 64
 MAX_FEEDBACK_BUNDLE_IDS = 64
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DroppedFeedback:
+    """A feedback entry that was not applied: its position in the report, the sender it
+    named (at most 64 characters) and why (one line)."""
+
+    index: int
+    sender_id: str
+    reason: str
+
 
 def feedback_entries(feedback: Sequence[swarm_pb2.SenderFeedback]) -> list[FeedbackEntry]:
     """Decode ``SenderFeedback`` messages (no checks)."""
@@ -29,69 +50,90 @@ def feedback_entries(feedback: Sequence[swarm_pb2.SenderFeedback]) -> list[Feedb
         invalid_bundles=f.invalid_bundles) for f in feedback]
 
 
+def entry_problem(reporter_id: str, f: FeedbackEntry, known_senders: set[str],
+                  owners: dict[str, tuple[str, bool]]) -> str | None:
+    """Why one feedback entry is invalid, or ``None`` (pure): it must be about a known
+    other sender and its own bundles, with finite statistics, fractions in [0, 1],
+    non-negative counts and at most 64 bundle ids."""
+    if f.sender_id == reporter_id:
+        return "about the reporter itself"
+    if not all(math.isfinite(x) for x in (f.mean_log_ratio, f.filtered_frac,
+                                           f.truncated_frac)):
+        return "holds non-finite values"
+    if not (0 <= f.filtered_frac <= 1 and 0 <= f.truncated_frac <= 1):
+        return "fractions must be in [0, 1]"
+    if min(f.groups, f.tokens, f.text_mismatches, f.invalid_bundles) < 0:
+        return "negative counts"
+    if len(f.bundle_ids) > MAX_FEEDBACK_BUNDLE_IDS:
+        return f"names more than {MAX_FEEDBACK_BUNDLE_IDS} bundles"
+    if f.sender_id not in known_senders:
+        return f"names unknown sender {f.sender_id[:64]!r}"
+    for bundle_id in f.bundle_ids:
+        owner = owners.get(bundle_id)
+        if owner is None:
+            return f"names unknown bundle {bundle_id[:64]!r}"
+        if owner[0] != f.sender_id:
+            return f"bundle {bundle_id[:64]} is not the sender's"
+    return None
+
+
 def check_feedback(reporter_id: str, entries: list[FeedbackEntry], known_senders: set[str],
-                   owners: dict[str, tuple[str, bool]]) -> None:
-    """Feedback entries in bounds, about known other senders and their own bundles (pure).
+                   owners: dict[str, tuple[str, bool]]) -> list[DroppedFeedback]:
+    """The entries to drop, each with its reason (pure; see :func:`entry_problem`).
 
     Args:
         known_senders: the registered node ids among the entries' senders.
         owners: ``{bundle_id: (sender, text_verified)}`` of the named bundles that exist.
 
     Raises:
-        FtisError: FEEDBACK_INVALID with the first problem.
+        FtisError: FEEDBACK_INVALID when the report has more than 64 entries (a bound on
+            the request, not a problem of one entry).
     """
-    def invalid(reason: str) -> FtisError:
-        return FtisError(ErrorCode.FEEDBACK_INVALID, reason)
-
     if len(entries) > MAX_FEEDBACK:
-        raise invalid(f"more than {MAX_FEEDBACK} feedback entries")
+        raise FtisError(ErrorCode.FEEDBACK_INVALID, f"more than {MAX_FEEDBACK} feedback entries")
+    dropped = []
     for i, f in enumerate(entries):
-        if f.sender_id == reporter_id:
-            raise invalid(f"feedback {i} is about the reporter itself")
-        if not all(math.isfinite(x) for x in (f.mean_log_ratio, f.filtered_frac,
-                                               f.truncated_frac)):
-            raise invalid(f"feedback {i} holds non-finite values")
-        if not (0 <= f.filtered_frac <= 1 and 0 <= f.truncated_frac <= 1):
-            raise invalid(f"feedback {i}: fractions must be in [0, 1]")
-        if min(f.groups, f.tokens, f.text_mismatches, f.invalid_bundles) < 0:
-            raise invalid(f"feedback {i}: negative counts")
-        if len(f.bundle_ids) > MAX_FEEDBACK_BUNDLE_IDS:
-            raise invalid(f"feedback {i} names more than {MAX_FEEDBACK_BUNDLE_IDS} bundles")
-        if f.sender_id not in known_senders:
-            raise invalid(f"feedback {i} names unknown sender {f.sender_id[:64]!r}")
-    for i, f in enumerate(entries):
-        for bundle_id in f.bundle_ids:
-            owner = owners.get(bundle_id)
-            if owner is None:
-                raise invalid(f"feedback {i} names unknown bundle {bundle_id[:64]!r}")
-            if owner[0] != f.sender_id:
-                raise invalid(f"feedback {i}: bundle {bundle_id} is not the sender's")
+        problem = entry_problem(reporter_id, f, known_senders, owners)
+        if problem is not None:
+            dropped.append(DroppedFeedback(i, f.sender_id[:64], f"feedback {i} {problem}"))
+    return dropped
 
 
 def report_metrics(ctx: Context, node: NodeRecord, step: int, values: dict[str, float],
-                   feedback: Sequence[swarm_pb2.SenderFeedback] = ()) -> None:
+                   feedback: Sequence[swarm_pb2.SenderFeedback] = ()) -> list[DroppedFeedback]:
     """Store a metrics report (non-finite values are kept as "nan"/"inf" strings) and
-    turn its receiver feedback into reputation evidence
+    turn its valid receiver feedback entries into reputation evidence
     (:func:`reputation.feedback_evidence`).
+
+    Returns:
+        the dropped (invalid) feedback entries with their reasons; when there are any,
+        the reporter gets one -1 FEEDBACK_INVALID evidence with the valid entries'.
 
     Raises:
         FtisError: REQUEST_INVALID (more than 256 values or a name longer than 128
-            characters), FEEDBACK_INVALID (nothing is stored then, and the reporter gets
-            -1 evidence).
+            characters), FEEDBACK_INVALID (more than 64 feedback entries: nothing is
+            stored then, and the reporter gets -1 evidence).
     """
     if len(values) > MAX_METRICS:
         raise FtisError(ErrorCode.REQUEST_INVALID, f"more than {MAX_METRICS} metrics")
     if any(len(k) > MAX_METRIC_NAME_CHARS for k in values):
         raise FtisError(ErrorCode.REQUEST_INVALID, "metric name longer than 128 characters")
     now = ctx.clock()
+    dropped: list[DroppedFeedback] = []
     if feedback:
-        _apply_feedback(ctx, node, feedback_entries(feedback), now)
+        dropped = _apply_feedback(ctx, node, feedback_entries(feedback), now)
     ctx.state.record_metrics(node.node_id, int(step), {str(k): float(v) for k, v in
                                                        values.items()}, now)
+    return dropped
+
+
+def _invalid_evidence(reason: str) -> Evidence:
+    return Evidence(reputation.FEEDBACK_INVALID, reputation.WEIGHT_FEEDBACK_INVALID,
+                    reason[:2000])
 
 
 def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEntry],
-                    now: int) -> None:
+                    now: int) -> list[DroppedFeedback]:
     policy = ctx.policy
     state = ctx.state
     senders = {f.sender_id for f in entries[:MAX_FEEDBACK + 1]}
@@ -99,13 +141,20 @@ def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEn
                                   for b in f.bundle_ids[:MAX_FEEDBACK_BUNDLE_IDS + 1]])
     known = {s for s in senders if len(s) <= 128 and state.get_node(s) is not None}
     try:
-        check_feedback(reporter.node_id, entries, known, owners)
+        dropped = check_feedback(reporter.node_id, entries, known, owners)
     except FtisError as err:
-        event = Evidence(reputation.FEEDBACK_INVALID, reputation.WEIGHT_FEEDBACK_INVALID,
-                         err.reason)
-        state.apply_evidence_many([(reporter.node_id, event)], now,
+        state.apply_evidence_many([(reporter.node_id, _invalid_evidence(err.reason))], now,
                                   lambda events: reputation.standing_update(events, now, policy))
         raise
+    events: list[tuple[str, Evidence]] = []
+    if dropped:
+        log.info("dropped %d of %d feedback entries from %s: %s", len(dropped), len(entries),
+                 reporter.node_id, "; ".join(d.reason for d in dropped[:4]))
+        events.append((reporter.node_id, _invalid_evidence(
+            f"{len(dropped)} of {len(entries)} entries dropped: "
+            + "; ".join(d.reason for d in dropped))))
+        skip = {d.index for d in dropped}
+        entries = [f for i, f in enumerate(entries) if i not in skip]
     window_start = now - int(policy.half_life_s * 1000)
     views = []
     for f in entries:
@@ -114,11 +163,12 @@ def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEn
             text_verified=_text_was_verified(ctx, f, owners),
             used_positive=used_pos, used_negative=used_neg,
             negative_reporters=frozenset(state.negative_reporters(f.sender_id, window_start))))
-    events = reputation.feedback_evidence(reporter.node_id, reporter.standing, entries, views,
-                                          now, policy)
+    events += reputation.feedback_evidence(reporter.node_id, reporter.standing, entries, views,
+                                           now, policy)
     if events:
         state.apply_evidence_many(events, now,
                                   lambda evs: reputation.standing_update(evs, now, policy))
+    return dropped
 
 
 def _text_was_verified(ctx: Context, f: FeedbackEntry,

@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from ftis.coordinator import reputation
 from ftis.coordinator.handlers.context import Context
 from ftis.coordinator.state.base import NodeRecord
-from ftis.coordinator.tokenizer_store import check_upload
+from ftis.coordinator.tokenizer_store import check_upload, check_vocab_size
 from ftis.coordinator.verify import check_node_record, verify_registration
 from ftis.protocol.auth import verify_request
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -54,7 +54,9 @@ def register(ctx: Context, envelope: bundle_pb2.SignedEnvelope, peer: str = "") 
 
     Raises:
         FtisError: envelope codes, REGISTRATION_INVALID, NODE_BANNED,
-            REGISTRATION_THROTTLED (new node ids only).
+            REGISTRATION_THROTTLED (new node ids only), VOCAB_SIZE_MISMATCH (a tokenizer
+            with the card's fingerprint is known and the card's vocab_size does not fit
+            it; nothing is stored).
     """
     now = ctx.clock()
     payload, node_id = verify_registration(
@@ -70,6 +72,9 @@ def register(ctx: Context, envelope: bundle_pb2.SignedEnvelope, peer: str = "") 
         raise FtisError(ErrorCode.REGISTRATION_THROTTLED,
                         "too many new registrations right now; retry in a minute")
     card = payload.model_card
+    bound = ctx.tokenizers.id_bound(card.tokenizer_fingerprint)
+    if bound is not None:  # the tokenizer is known: the card must fit it
+        check_vocab_size(card.vocab_size, bound)
     node = ctx.state.upsert_node(
         node_id=node_id,
         public_key=bytes(envelope.public_key),
@@ -112,7 +117,9 @@ def upload_tokenizer(ctx: Context, node: NodeRecord, fingerprint: str,
     Raises:
         FtisError: TOKENIZER_INVALID (too large, not gzip, inflates beyond
             ``max_tokenizer_json_bytes``, fingerprint differs from the request's or the
-            registered one, does not load), RATE_LIMITED.
+            registered one, does not load), VOCAB_SIZE_MISMATCH (the registered model
+            card's vocab_size does not fit the tokenizer, also when it is already
+            stored), RATE_LIMITED.
     """
     cfg = ctx.config
     if len(tokenizer_json_gz) > cfg.max_tokenizer_gz_bytes:
@@ -123,17 +130,27 @@ def upload_tokenizer(ctx: Context, node: NodeRecord, fingerprint: str,
         raise FtisError(ErrorCode.TOKENIZER_INVALID,
                         "fingerprint differs from the registered model card; re-register first")
     if ctx.state.has_tokenizer(fingerprint):
+        _check_card_against_stored(ctx, node, fingerprint)
         return False
     if not ctx.quotas.admit_tokenizer_upload(node.node_id):
         raise FtisError(ErrorCode.RATE_LIMITED, "too many tokenizer uploads; retry later")
     with ctx.upload_lock:  # one decompression/parse at a time bounds memory
         if ctx.state.has_tokenizer(fingerprint):
+            _check_card_against_stored(ctx, node, fingerprint)
             return False
         tokenizer, vocab_size = check_upload(
             tokenizer_json_gz, fingerprint, node.fingerprint,
-            max_gz_bytes=cfg.max_tokenizer_gz_bytes, max_json_bytes=cfg.max_tokenizer_json_bytes)
+            max_gz_bytes=cfg.max_tokenizer_gz_bytes, max_json_bytes=cfg.max_tokenizer_json_bytes,
+            card_vocab_size=node.vocab_size)
         stored = ctx.state.store_tokenizer(fingerprint, tokenizer_json_gz, vocab_size,
                                            node.node_id, ctx.clock())
         ctx.tokenizers.put(fingerprint, tokenizer)
     log.info("tokenizer %s uploaded by %s (vocab %d)", fingerprint[:12], node.node_id, vocab_size)
     return stored
+
+
+def _check_card_against_stored(ctx: Context, node: NodeRecord, fingerprint: str) -> None:
+    """The node's registered vocab_size against the stored tokenizer (VOCAB_SIZE_MISMATCH)."""
+    bound = ctx.tokenizers.id_bound(fingerprint)
+    if bound is not None:
+        check_vocab_size(node.vocab_size, bound)

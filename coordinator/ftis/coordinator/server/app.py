@@ -1,4 +1,6 @@
-"""The coordinator server: the ``Swarm`` and ``Admin`` gRPC services on two listeners.
+"""The coordinator server: the ``Swarm`` and ``Admin`` gRPC services on two listeners,
+and optionally the HTTP listener of ``/metrics`` and the status page
+(:mod:`ftis.coordinator.observe.http`, ``http_listen``).
 
 Programmatic use (e.g. in an integration test)::
 
@@ -23,6 +25,8 @@ import grpc
 
 from ftis.coordinator.config import CoordinatorConfig, parse_host_port
 from ftis.coordinator.handlers.context import SEEN_FLUSH_S, Clock, Context, wall_clock_ms
+from ftis.coordinator.observe import metrics
+from ftis.coordinator.observe.http import HttpBindError, StatusHttpServer
 from ftis.coordinator.server.admin_service import AdminService
 from ftis.coordinator.server.swarm_service import SwarmService, add_swarm_service
 from ftis.coordinator.state.base import State
@@ -75,6 +79,14 @@ class CoordinatorServer:
         clock: unix-milliseconds clock.
         reuse_port: bind with SO_REUSEPORT (one of several worker processes on the same
             ports, :mod:`ftis.coordinator.server.workers`).
+        http_listen: ``HOST:PORT`` of the HTTP listener (``/metrics``, status page), or
+            ``None`` for none (the default; ``serve`` turns it on).
+        http_optional: if the HTTP address cannot be bound, log a warning and serve
+            without it instead of failing (``serve`` with its default address).
+
+    Whatever the listeners, the server counts its metrics
+    (:mod:`ftis.coordinator.observe.metrics`): the servicer's RPCs and the database's
+    transactions.
 
     Raises:
         DatabaseError: if the database cannot be opened (raised by the constructor).
@@ -87,11 +99,18 @@ class CoordinatorServer:
         state: State | None = None,
         clock: Clock = wall_clock_ms,
         reuse_port: bool = False,
+        http_listen: str | None = None,
+        http_optional: bool = False,
     ) -> None:
         self.config = config
         self.reuse_port = reuse_port
         self.state = state if state is not None else SqlState(config.db_url)
+        if getattr(self.state, "engine", None) is not None:
+            metrics.instrument_engine(self.state.engine)
         self.ctx = Context.create(config, self.state, clock)
+        self.http_listen = http_listen
+        self.http_optional = http_optional
+        self._http: StatusHttpServer | None = None
         self._stopping = threading.Event()
         self._flusher: threading.Thread | None = None
         self._swarm: grpc.Server | None = None
@@ -103,7 +122,8 @@ class CoordinatorServer:
         """Bind both listeners and start serving.
 
         Raises:
-            BindError: if an address cannot be bound (nothing is left running).
+            BindError: if an address cannot be bound (nothing is left running); the HTTP
+                address only when not ``http_optional``.
         """
         swarm = grpc.server(
             ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ftis-swarm"),
@@ -122,6 +142,18 @@ class CoordinatorServer:
             swarm.stop(None)
             admin.stop(None)
             raise
+        if self.http_listen:
+            http = StatusHttpServer(self.http_listen, self.state, self.ctx.clock,
+                                    self.config.reputation)
+            try:
+                http.start()
+                self._http = http
+            except HttpBindError as exc:
+                if not self.http_optional:
+                    swarm.stop(None)
+                    admin.stop(None)
+                    raise BindError(str(exc)) from None
+                log.warning("%s; serving without the status page and /metrics", exc)
         swarm.start()
         admin.start()
         self._swarm, self._admin = swarm, admin
@@ -147,6 +179,11 @@ class CoordinatorServer:
         return self._admin_port
 
     @property
+    def http_address(self) -> str | None:
+        """``host:port`` of the HTTP listener as bound (``None`` when off)."""
+        return self._http.address if self._http is not None else None
+
+    @property
     def address(self) -> str:
         """``host:port`` of the volunteer service as bound."""
         return f"{parse_host_port(self.config.listen)[0]}:{self._port}"
@@ -159,6 +196,9 @@ class CoordinatorServer:
     def stop(self, grace: float | None = 5.0) -> None:
         """Stop accepting calls, let running ones finish for ``grace`` seconds, close the
         database. Idempotent."""
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
         events = [s.stop(grace) for s in (self._swarm, self._admin) if s is not None]
         for event in events:
             event.wait()
@@ -172,6 +212,7 @@ class CoordinatorServer:
         except Exception:
             log.exception("flushing last-seen times failed")
         self.state.close()
+        metrics.mark_process_dead()  # a worker of serve --workers N: its live files go
 
     def _flush_loop(self) -> None:
         """Every :data:`SEEN_FLUSH_S`: write buffered last-seen times, and reload the

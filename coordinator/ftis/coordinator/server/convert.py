@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ftis.coordinator import reputation
 from ftis.coordinator.handlers.relay import RelayPage
 from ftis.coordinator.reputation import ReputationConfig
@@ -124,36 +126,27 @@ def evidence(record: EvidenceRecord) -> admin_pb2.Evidence:
     )
 
 
+#: The policy's settable fields: every :class:`ReputationConfig` field (the admin message
+#: has one of the same name for each; ``tests/unit/test_observe.py`` checks).
+REPUTATION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ReputationConfig))
+
+
 def reputation_config(cfg: ReputationConfig) -> admin_pb2.ReputationConfig:
-    """The admin-settable part of the policy."""
-    return admin_pb2.ReputationConfig(
-        quarantine_threshold=cfg.quarantine_threshold,
-        half_life_s=cfg.half_life_s,
-        probation_bundles=cfg.probation_bundles,
-        probation_threshold=cfg.probation_threshold,
-        feedback_weight=cfg.feedback_weight,
-        log_ratio_tolerance=cfg.log_ratio_tolerance,
-        auto_ban_on_proof=cfg.auto_ban_on_proof,
-    )
+    """The whole policy as the admin message (every field set)."""
+    return admin_pb2.ReputationConfig(**{name: getattr(cfg, name) for name in REPUTATION_FIELDS})
 
 
 def reputation_config_from_proto(
     message: admin_pb2.ReputationConfig, base: ReputationConfig
 ) -> ReputationConfig:
-    """Full replacement of the admin-settable fields of ``base`` (others kept).
+    """``base`` with the fields set in ``message`` replaced (fields left unset keep
+    ``base``'s value).
 
     Raises:
         ValueError: out-of-range values.
     """
-    return base.updated(
-        quarantine_threshold=message.quarantine_threshold,
-        half_life_s=message.half_life_s,
-        probation_bundles=message.probation_bundles,
-        probation_threshold=message.probation_threshold,
-        feedback_weight=message.feedback_weight,
-        log_ratio_tolerance=message.log_ratio_tolerance,
-        auto_ban_on_proof=message.auto_ban_on_proof,
-    )
+    return base.updated(**{name: getattr(message, name) for name in REPUTATION_FIELDS
+                           if message.HasField(name)})
 
 
 def bundle_info(record: BundleRecord) -> admin_pb2.BundleInfo:

@@ -14,12 +14,18 @@ never re-parsed (:func:`convert.relay_page_bytes`).
 checked on the raw bytes *before* decoding: larger requests are answered in-band with
 REQUEST_TOO_LARGE (the transport-level ``max_receive_message_length`` still answers even
 larger messages with gRPC status RESOURCE_EXHAUSTED).
+
+Metrics (:mod:`ftis.coordinator.observe.metrics`) are taken here: every registered
+method's time and in-band code (``_refusing``, which also sees REQUEST_TOO_LARGE), the
+SubmitBundle outcome by code, the SubmitBundle handler's time, leases issued and bundles
+relayed.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,6 +33,7 @@ import grpc
 
 from ftis.coordinator.handlers import bundles, feedback, leases, nodes, relay
 from ftis.coordinator.handlers.context import Context
+from ftis.coordinator.observe import metrics
 from ftis.coordinator.quotas import peer_host
 from ftis.coordinator.server import convert
 from ftis.coordinator.state.base import NodeRecord
@@ -114,11 +121,18 @@ class SwarmService(swarm_pb2_grpc.SwarmServicer):
                    node: NodeRecord) -> Any:
         granted = leases.lease_tasks(self.ctx, node, request.count, request.group_size,
                                      request.max_new_tokens)
+        metrics.leases_issued(len(granted))
         return swarm_pb2.LeaseTasksResponse(leases=[convert.task_lease(x) for x in granted])
 
     @in_band_errors(swarm_pb2.SubmitBundleResponse)
     def SubmitBundle(self, request: swarm_pb2.SubmitBundleRequest, context: Any) -> Any:  # noqa: N802
-        record = bundles.submit_bundle(self.ctx, request.envelope)
+        started = time.perf_counter()
+        try:
+            record = bundles.submit_bundle(self.ctx, request.envelope)
+        except BaseException:
+            metrics.observe_verification(time.perf_counter() - started, accepted=False)
+            raise
+        metrics.observe_verification(time.perf_counter() - started, accepted=True)
         return swarm_pb2.SubmitBundleResponse(
             bundle_id=record.bundle_id,
             verified_rewards=record.verified_rewards,
@@ -131,15 +145,19 @@ class SwarmService(swarm_pb2_grpc.SwarmServicer):
                     node: NodeRecord) -> Any:
         page = relay.pull_bundles(self.ctx, node, request.cursor, request.max_bundles,
                                   request.tokenizer_fingerprint, request.skip_zero_variance)
+        metrics.relayed(len(page.bundles))
         return convert.relay_page_bytes(page)
 
     @in_band_errors(swarm_pb2.ReportMetricsResponse)
     @authenticated("ReportMetrics")
     def ReportMetrics(self, request: swarm_pb2.ReportMetricsRequest, context: Any,  # noqa: N802
                       node: NodeRecord) -> Any:
-        feedback.report_metrics(self.ctx, node, request.step, dict(request.values),
-                                list(request.feedback))
-        return swarm_pb2.ReportMetricsResponse()
+        dropped = feedback.report_metrics(self.ctx, node, request.step, dict(request.values),
+                                          list(request.feedback))
+        return swarm_pb2.ReportMetricsResponse(dropped_feedback=[
+            swarm_pb2.DroppedFeedback(index=d.index, sender_node_id=d.sender_id, error=(
+                common_pb2.Error(code=ErrorCode.FEEDBACK_INVALID, reason=d.reason)))
+            for d in dropped])
 
     @in_band_errors(swarm_pb2.UploadTokenizerResponse)
     @authenticated("UploadTokenizer")
@@ -180,16 +198,31 @@ def _refusing(
     behavior: Callable[[Any, Any], Any], response_cls: type, method: str
 ) -> Callable[[Any, Any], Any]:
     def handle(request: Any, context: Any) -> Any:
+        started = time.perf_counter()
         if isinstance(request, _TooLarge):
-            return response_cls(
+            response = response_cls(
                 error=common_pb2.Error(
                     code=ErrorCode.REQUEST_TOO_LARGE,
                     reason=f"{method} request is {request.size} bytes, limit {request.limit}",
                 )
             )
-        return behavior(request, context)
+        else:
+            response = behavior(request, context)
+        metrics.observe_rpc(method, time.perf_counter() - started, _response_code(response))
+        return response
 
     return handle
+
+
+def _response_code(response: Any) -> int:
+    """The in-band error code of a response (0 for none; relay pages written as bytes
+    carry none: an error is always a message)."""
+    if isinstance(response, bytes | bytearray):
+        return 0
+    try:
+        return int(response.error.code)
+    except AttributeError:
+        return 0
 
 
 def _serialize(response: Any) -> bytes:

@@ -516,3 +516,97 @@ class State(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release connections."""
+
+    # -- history (read-only, bounded; the status page and /metrics) -----------------
+    # Not abstract: the SQL storage's implementations live in
+    # :mod:`ftis.coordinator.state.history` (functions over the SQLAlchemy engine of an
+    # ``SqlState``); another storage overrides these. Every query scans at most
+    # ``max_rows`` (default :data:`HISTORY_MAX_ROWS`) of the newest rows of its table (a
+    # primary-key range), so a large database costs the status page no more than a small
+    # one.
+
+    def swarm_counts(self, now_ms: int, active_window_ms: int) -> SwarmCounts:
+        """Node and lease counts for the gauges of ``/metrics`` (no bundle scan)."""
+        from ftis.coordinator.state import history
+
+        return history.swarm_counts(self, now_ms, active_window_ms)
+
+    def reward_history(self, since_ms: int, bucket_ms: int,
+                       max_rows: int | None = None) -> list[RewardBucket]:
+        """Verified rewards of the bundles stored since ``since_ms``, summed per time
+        bucket (``bucket_ms`` wide, from ``since_ms``), dataset and sender."""
+        from ftis.coordinator.state import history
+
+        return history.reward_history(self, since_ms, bucket_ms, max_rows)
+
+    def verdict_history(self, since_ms: int, bucket_ms: int,
+                        max_rows: int | None = None) -> list[VerdictBucket]:
+        """Verdicts (0 = accepted, else the rejecting code) since ``since_ms``, counted
+        per time bucket and code."""
+        from ftis.coordinator.state import history
+
+        return history.verdict_history(self, since_ms, bucket_ms, max_rows)
+
+    def evidence_since(self, since_ms: int,
+                       max_rows: int | None = None) -> list[EvidenceRecord]:
+        """Every node's evidence rows since ``since_ms``, oldest first."""
+        from ftis.coordinator.state import history
+
+        return history.evidence_since(self, since_ms, max_rows)
+
+    def metrics_history(self, since_ms: int, keys: tuple[str, ...],
+                        max_rows: int | None = None) -> list[MetricsPoint]:
+        """Metrics reports since ``since_ms`` (only ``keys`` of their values), oldest
+        first."""
+        from ftis.coordinator.state import history
+
+        return history.metrics_history(self, since_ms, keys, max_rows)
+
+
+#: Newest rows a history query scans at most (per table).
+HISTORY_MAX_ROWS = 50_000
+
+
+@dataclass(frozen=True)
+class SwarmCounts:
+    """Counts read at scrape time (``leases_expired``: unanswered leases past their
+    deadline; ``quarantined_nodes`` excludes banned ones)."""
+
+    nodes: int
+    active_nodes: int
+    quarantined_nodes: int
+    banned_nodes: int
+    leases_outstanding: int
+    leases_expired: int
+
+
+@dataclass(frozen=True)
+class RewardBucket:
+    """Stored bundles of one sender and dataset in one time bucket."""
+
+    start_ms: int
+    dataset: str
+    node_id: str
+    bundles: int
+    completions: int
+    #: sum of the completions' verified rewards
+    reward_sum: float
+
+
+@dataclass(frozen=True)
+class VerdictBucket:
+    """Verdicts with one code (0 = accepted) in one time bucket."""
+
+    start_ms: int
+    code: int
+    count: int
+
+
+@dataclass(frozen=True)
+class MetricsPoint:
+    """One metrics report of a node (``values``: the requested keys it holds)."""
+
+    node_id: str
+    at_ms: int
+    step: int
+    values: dict[str, float]
