@@ -29,6 +29,7 @@ import dataclasses
 import json
 import math
 import threading
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -450,33 +451,19 @@ class SqlState(State):
             yield conn
 
     # -- conversions -------------------------------------------------------------
-    @staticmethod
-    def _node_record(row: NodeRow, rep: ReputationRow | None) -> NodeRecord:
-        return NodeRecord(
-            node_id=row.node_id,
-            public_key=row.public_key,
-            display_name=row.display_name,
-            model_card=row.model_card,
-            fingerprint=row.fingerprint,
-            vocab_size=row.vocab_size,
-            client_version=row.client_version,
-            registered_at_ms=row.registered_at_ms,
-            last_seen_ms=row.last_seen_ms,
-            policy_version=row.policy_version,
-            banned=bool(row.banned),
-            ban_reason=row.ban_reason,
-            bundles_accepted=row.bundles_accepted,
-            bundles_rejected=int(rep.bundles_rejected or 0) if rep is not None else 0,
-            reward_mismatches=row.reward_mismatches,
-            completions=row.completions,
-            completion_tokens=row.completion_tokens,
-            latest_metrics=_decode_metrics(row.latest_metrics),
-            latest_metrics_step=row.latest_metrics_step,
-            rep_good=rep.good if rep is not None else 0.0,
-            rep_bad=rep.bad if rep is not None else 0.0,
-            rep_updated_ms=rep.updated_ms if rep is not None else row.registered_at_ms,
-            quarantined=bool(rep.quarantined) if rep is not None else False,
+    @classmethod
+    def _node_record(cls, row: NodeRow, rep: ReputationRow | None) -> NodeRecord:
+        """A NodeRecord from ORM rows (the same mapping as :meth:`_node_from_row`)."""
+        values = {c.key: getattr(row, c.key) for c in NodeRow.__table__.c}
+        values.update(
+            rep_node_id=rep.node_id if rep is not None else None,
+            rep_good=rep.good if rep is not None else None,
+            rep_bad=rep.bad if rep is not None else None,
+            rep_updated_ms=rep.updated_ms if rep is not None else None,
+            rep_quarantined=rep.quarantined if rep is not None else None,
+            rep_rejected=rep.bundles_rejected if rep is not None else None,
         )
+        return cls._node_from_row(types.SimpleNamespace(**values))
 
     @staticmethod
     def _nodes_query() -> Any:
