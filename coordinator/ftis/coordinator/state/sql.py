@@ -85,6 +85,10 @@ _Id = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrement needs
 
 #: The ``counters`` row of task numbers reserved by :meth:`SqlState.lease_block`.
 TASK_DRAWS = "task_draws"
+#: Pooled connections per process on a server database (the gRPC server runs 16 threads).
+POOL_SIZE = 16
+#: Seconds after which a pooled server connection is replaced.
+POOL_RECYCLE_S = 300
 
 
 class Base(DeclarativeBase):
@@ -404,7 +408,12 @@ class SqlState(State):
                 kwargs["poolclass"] = StaticPool
                 memory = True
         else:
-            kwargs["pool_pre_ping"] = True
+            # One pooled connection per server thread, so requests never queue for one;
+            # no ping on every checkout (a round trip per request): connections are
+            # recycled after POOL_RECYCLE_S instead, and one dropped by a server restart
+            # fails a single call, which the client retries.
+            kwargs.update(pool_size=POOL_SIZE, max_overflow=POOL_SIZE,
+                          pool_recycle=POOL_RECYCLE_S)
         try:
             self.engine = create_engine(url, **kwargs)
             if self.is_sqlite:
