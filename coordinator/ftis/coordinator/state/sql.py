@@ -52,9 +52,9 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     or_,
     select,
-    text,
     update,
 )
 from sqlalchemy.engine import Connection
@@ -340,18 +340,44 @@ class _Hot:
     counters = CounterRow.__table__
 
     lease_by_task = select(leases).where(leases.c.task_id == bindparam("task_id"))
-    snapshot_counts = select(
-        exists().where(bundles.c.bundle_id == bindparam("bundle_id")),
-        select(func.count(verdicts.c.id))
-        .where(verdicts.c.node_id == bindparam("node_id"),
-               verdicts.c.at_ms >= bindparam("window_start"),
-               # refusals by the quota itself do not count against it
-               verdicts.c.code != int(ErrorCode.RATE_LIMITED))
-        .scalar_subquery(),
-        select(func.coalesce(func.sum(bundles.c.size_bytes), 0))
-        .where(bundles.c.node_id == bindparam("node_id"),
-               bundles.c.stored_at_ms >= bindparam("window_start"))
-        .scalar_subquery(),
+    _stored = exists().where(bundles.c.bundle_id == bindparam("bundle_id"))
+    _recent = (select(func.count(verdicts.c.id))
+               .where(verdicts.c.node_id == bindparam("node_id"),
+                      verdicts.c.at_ms >= bindparam("window_start"),
+                      # refusals by the quota itself do not count against it
+                      verdicts.c.code != int(ErrorCode.RATE_LIMITED))
+               .scalar_subquery())
+    _recent_bytes = (select(func.coalesce(func.sum(bundles.c.size_bytes), 0))
+                     .where(bundles.c.node_id == bindparam("node_id"),
+                            bundles.c.stored_at_ms >= bindparam("window_start"))
+                     .scalar_subquery())
+    _one = select(literal(1).label("one")).subquery()
+    _reporters = (select(evidence.c.reporter_node_id).distinct().where(
+        evidence.c.node_id == bindparam("node_id"),
+        evidence.c.kind == reputation.FEEDBACK,
+        evidence.c.at_ms >= bindparam("since"),
+        evidence.c.weight < 0,
+        evidence.c.reporter_node_id != "",
+    ).subquery())
+    #: The whole submission snapshot in one statement (one round trip, one consistent
+    #: snapshot without a multi-statement transaction): the node and its reputation, the
+    #: lease (columns prefixed ``lease_``), the counts, and the negative reporters
+    #: joined with commas (node ids are hex).
+    snapshot = select(
+        *nodes.c,
+        reps.c.good.label("rep_good"), reps.c.bad.label("rep_bad"),
+        reps.c.updated_ms.label("rep_updated_ms"),
+        reps.c.quarantined.label("rep_quarantined"),
+        reps.c.bundles_rejected.label("rep_rejected"), reps.c.node_id.label("rep_node_id"),
+        *[c.label(f"lease_{c.name}") for c in leases.c],
+        _stored.label("stored"), _recent.label("n_recent"),
+        _recent_bytes.label("n_bytes"),
+        select(func.aggregate_strings(_reporters.c.reporter_node_id, ","))
+        .scalar_subquery().label("reporters"),
+    ).select_from(
+        _one.outerjoin(nodes, nodes.c.node_id == bindparam("node_id"))
+        .outerjoin(reps, reps.c.node_id == nodes.c.node_id)
+        .outerjoin(leases, leases.c.task_id == bindparam("task_id"))
     )
     negative_reporters = select(evidence.c.reporter_node_id).distinct().where(
         evidence.c.node_id == bindparam("node_id"),
@@ -420,6 +446,7 @@ class SqlState(State):
                 event.listen(self.engine, "connect", _sqlite_connect)
                 event.listen(self.engine, "begin", _sqlite_begin)
             self._write_engine = self.engine.execution_options(ftis_write=True)
+            self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
             migrate.upgrade(self._write_engine)
         except (SQLAlchemyError, CommandError, ImportError, ValueError, OSError) as exc:
             with contextlib.suppress(Exception):
@@ -451,6 +478,17 @@ class SqlState(State):
     def _write_conn(self) -> Iterator[Connection]:
         """:meth:`_write` without an ORM session, for the hot paths (Core statements)."""
         with self._write_lock, self._write_engine.begin() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _snapshot_conn(self) -> Iterator[Connection]:
+        """A connection for ONE read statement, without a transaction around it (no
+        BEGIN/COMMIT round trips; a single statement reads one consistent snapshot)."""
+        if self.is_sqlite:  # pysqlite: a lone SELECT outside a transaction is atomic too
+            with self._read_conn() as conn:
+                yield conn
+            return
+        with self._read_lock, self._autocommit.connect() as conn:
             yield conn
 
     @contextlib.contextmanager
@@ -593,27 +631,23 @@ class SqlState(State):
     ) -> SubmissionSnapshot:
         if not _storable(node_id, bundle_id):  # no such node or bundle
             return SubmissionSnapshot(node=None, lease=None, already_stored=False)
-        with self._read_conn() as session:
-            if self.is_postgres:  # one snapshot for every statement below
-                session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
-            node = self._read_node(session, node_id)
-            lease_row = (
-                session.execute(_Hot.lease_by_task, {"task_id": task_id}).first()
-                if _storable(task_id)
-                else None
-            )
-            stored, n_recent, n_bytes = session.execute(_Hot.snapshot_counts, {
-                "bundle_id": bundle_id, "node_id": node_id,
-                "window_start": window_start_ms}).one()
-            reporters = self._negative_reporters(session, node_id, since_ms)
-            return SubmissionSnapshot(
-                node=node,
-                lease=None if lease_row is None else self._lease_record(lease_row),
-                already_stored=bool(stored),
-                negative_reporters=frozenset(reporters),
-                recent_submissions=int(n_recent or 0),
-                recent_bytes=int(n_bytes or 0),
-            )
+        with self._snapshot_conn() as conn:
+            m = conn.execute(_Hot.snapshot, {
+                "node_id": node_id, "task_id": task_id if _storable(task_id) else "",
+                "bundle_id": bundle_id, "window_start": window_start_ms,
+                "since": since_ms}).one()
+        lease = None
+        if m.lease_lease_id is not None:
+            lease = self._lease_record(types.SimpleNamespace(
+                **{c.name: getattr(m, f"lease_{c.name}") for c in LeaseRow.__table__.c}))
+        return SubmissionSnapshot(
+            node=self._node_from_row(m) if m.node_id is not None else None,
+            lease=lease,
+            already_stored=bool(m.stored),
+            negative_reporters=frozenset(r for r in (m.reporters or "").split(",") if r),
+            recent_submissions=int(m.n_recent or 0),
+            recent_bytes=int(m.n_bytes or 0),
+        )
 
     def _answer_lease_and_insert(
         self, session: Session | Connection, bundle: NewBundle, now_ms: int,
