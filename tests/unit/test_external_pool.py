@@ -234,3 +234,29 @@ def test_local_error_codes_are_named_never_sent_and_documented():
                         and node.func.id == "FtisError" and node.args
                         and isinstance(node.args[0], ast.Constant)):
                     raise AssertionError(f"{path}:{node.lineno}: FtisError with a bare number")
+
+
+def test_one_sender_cannot_fill_the_batch():
+    """Issue 13, class 4: a sender with a far higher reputation (or one that floods the
+    relay) still contributes at most ``max_per_sender`` groups; the others fill the rest."""
+    me, flood, other = (NodeIdentity.generate() for _ in range(3))
+    pool = ExternalPool(me.node_id, 100, FP, rng=random.Random(0))
+    for seq in range(1, 7):
+        pool.add(_relayed(flood, seq, reputation=0.99))
+    for seq in range(7, 9):
+        pool.add(_relayed(other, seq, reputation=0.01))
+    taken = pool.take(4, max_per_sender=2)
+    assert sorted(g.sender == flood.node_id for g in taken) == [False, False, True, True]
+    # with only the capped sender left, it still gets no more than its cap
+    assert [g.sender for g in pool.take(4, max_per_sender=2)] == [flood.node_id] * 2
+    assert len(pool.groups) == 2  # its other groups wait for later rounds
+
+
+@pytest.mark.parametrize(("local", "external", "share", "cap"), [
+    (2, 2, 0.5, 2), (4, 4, 0.5, 4), (1, 3, 0.5, 2), (2, 2, 0.25, 1), (1, 1, 0.1, 1)])
+def test_the_cap_is_a_share_of_the_whole_batch(local, external, share, cap):
+    from ftis.client.node.config import ClientConfig
+
+    cfg = ClientConfig(coordinator="127.0.0.1:1", model="x", local_groups=local,
+                       external_groups=external, max_sender_share=share)
+    assert cfg.max_groups_per_sender == cap

@@ -37,6 +37,9 @@ def start(
     local_groups: Annotated[int | None, typer.Option(help="I: own groups per round")] = None,
     external_groups: Annotated[int | None, typer.Option(
         help="J: external groups per round")] = None,
+    max_sender_share: Annotated[float | None, typer.Option(
+        help="most of a round's I + J groups one external sender may fill (default 0.5)")
+    ] = None,
     group_size: Annotated[int | None, typer.Option(help="G: completions per prompt")] = None,
     rounds: Annotated[int | None, typer.Option(help="rounds to run (0 = forever)")] = None,
     method: Annotated[str | None, typer.Option(

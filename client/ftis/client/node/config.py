@@ -38,6 +38,9 @@ class ClientConfig(BaseSettings):
         None, description="refuse to start above this estimated peak memory (6GiB, 8GB, ...)")
     local_groups: int = Field(2, ge=1, le=64, description="I: own groups per round")
     external_groups: int = Field(2, ge=0, le=64, description="J: relayed groups per round")
+    max_sender_share: float = Field(
+        0.5, gt=0, le=1, description="most of a round's batch (I + J groups) one external "
+        "sender may fill")
     group_size: int = Field(8, ge=2, le=64, description="G: completions per prompt")
     rounds: int = Field(10, ge=0, description="rounds to run; 0 = until stopped")
     method: Method = "ftis"
@@ -85,6 +88,12 @@ class ClientConfig(BaseSettings):
 
             parse_size(v)  # ValueError with the accepted forms
         return v
+
+    @property
+    def max_groups_per_sender(self) -> int:
+        """Cap on one external sender's groups in a round: ``floor(max_sender_share x
+        (I + J))``, at least 1 (issue 13, class 4)."""
+        return max(1, int(self.max_sender_share * (self.local_groups + self.external_groups)))
 
     @property
     def max_memory_bytes(self) -> int | None:

@@ -231,7 +231,7 @@ class VolunteerNode:
         external: list[RolloutGroup] = []
         if cfg.external_groups > 0 and cfg.method != "on_policy":
             self._pull_external()
-            external = self.pool.take(cfg.external_groups)
+            external = self.pool.take(cfg.external_groups, cfg.max_groups_per_sender)
         stats["external_groups_used"] = float(len(external))
         stats["external_pool_size"] = float(len(self.pool.groups))
         stats["external_cross_tokenizer_groups"] = float(sum(g.cross_tokenizer

@@ -146,9 +146,14 @@ class ExternalPool:
         self.groups.append(group)
         return True
 
-    def take(self, count: int) -> list[RolloutGroup]:
+    def take(self, count: int, max_per_sender: int | None = None) -> list[RolloutGroup]:
         """Remove and return up to ``count`` groups, drawn without replacement with
         probability proportional to the sender's reputation (uniform when all are equal).
+
+        ``max_per_sender`` caps the groups any one sender contributes (issue 13, class
+        4: a sender that shades its log-probs to raise its importance weights must not
+        also fill the batch); the draw goes on down the key order past a sender at its
+        cap, so fewer than ``count`` groups come back only when the others run out.
 
         Only informative groups are in the pool (:meth:`add` drops groups whose rewards
         are all equal), so every returned group has non-zero reward variance.
@@ -172,7 +177,16 @@ class ExternalPool:
         weights = [self.weights.get(g.meta.get("bundle_id", ""), 1.0) or 1e-6
                    for g in self.groups]
         keys = [self.rng.random() ** (1.0 / w) for w in weights]
-        chosen = set(sorted(range(len(keys)), key=keys.__getitem__, reverse=True)[:count])
+        chosen: set[int] = set()
+        per_sender: Counter[str] = Counter()
+        for i in sorted(range(len(keys)), key=keys.__getitem__, reverse=True):
+            if len(chosen) >= count:
+                break
+            sender = self.groups[i].sender
+            if max_per_sender is not None and per_sender[sender] >= max_per_sender:
+                continue
+            per_sender[sender] += 1
+            chosen.add(i)
         picked = [g for i, g in enumerate(self.groups) if i in chosen]
         keep = [g for i, g in enumerate(self.groups) if i not in chosen]
         self.groups = deque(keep, maxlen=self.groups.maxlen)
