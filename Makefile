@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.ftis-installed
 PIP    := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 
 # demo knobs (override: make demo ROUNDS=40 SEED=1)
-ROUNDS ?= 30
+ROUNDS ?= 20
 SEED ?= 0
 DEMO_OUT ?= runs/demo
 

@@ -49,7 +49,7 @@ PRIMARY = "full"
 
 
 def demo(
-    rounds: Annotated[int, typer.Option(help="rounds per client")] = 30,
+    rounds: Annotated[int, typer.Option(help="rounds per client (docs/demo.md: 20)")] = 20,
     out: Annotated[Path, typer.Option(help="output folder (wiped first)")] = Path("runs/demo"),
     seed: Annotated[int, typer.Option(help="seed of the training tasks and the samplers")] = 0,
     model: Annotated[str, typer.Option()] = "smollm2-135m",
