@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from coordinator_helpers import model_card, register_envelope, signed
+from coordinator_helpers import build_bundle, model_card, register_envelope, seal_bundle, signed
 
 from ftis.coordinator.state.sql import SqlState
 from ftis.protocol.errors import ErrorCode
@@ -22,6 +22,7 @@ from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import swarm_pb2, swarm_pb2_grpc
 
 LIMIT = 6  # max_outstanding_leases
+QUOTA = 3  # bundles_per_minute
 
 
 @pytest.fixture
@@ -29,6 +30,7 @@ def two_workers(tmp_path, postgres_database):
     url = postgres_database()
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"max_outstanding_leases": LIMIT, "require_tokenizer": False,
+                               "bundles_per_minute": QUOTA,
                                "registrations_per_host_per_minute": 1e6,
                                "registrations_per_minute": 1e6}))
     ready = tmp_path / "ready.json"
@@ -92,3 +94,33 @@ def test_two_workers_share_leases_counter_and_limits(two_workers):
         assert len({(e.dataset, e.index) for e in questions}) == 4 * LIMIT
     finally:
         state.close()
+
+
+def test_the_bundle_quota_holds_across_workers(two_workers):
+    """Bundle quotas are counted from the database's verdict rows: a node that sends
+    its bundles over fresh connections (spread over both workers) still gets exactly
+    ``bundles_per_minute`` accepted."""
+    from types import SimpleNamespace
+
+    listen, _url, _proc = two_workers
+    node = NodeIdentity.generate()
+    with grpc.insecure_channel(listen) as channel:
+        stub = swarm_pb2_grpc.SwarmStub(channel)
+        reply = stub.Register(swarm_pb2.RegisterRequest(envelope=register_envelope(
+            node, model_card(), int(time.time() * 1000))), timeout=30)
+        assert reply.error.code == 0, reply.error
+        leased = stub.LeaseTasks(signed(swarm_pb2.LeaseTasksRequest(
+            node_id=node.node_id, count=LIMIT, group_size=2, max_new_tokens=16),
+            "LeaseTasks", node, int(time.time() * 1000)), timeout=30)
+    assert leased.error.code == 0 and len(leased.leases) == LIMIT
+    codes = []
+    for k, lease in enumerate(leased.leases):
+        record = SimpleNamespace(task_id=lease.task_id, lease_id=lease.lease_id,
+                                 group_size=2, max_new_tokens=16,
+                                 entry=SimpleNamespace(answer="1", question=lease.question))
+        envelope = seal_bundle(build_bundle(record, node, seed=k), node)
+        with grpc.insecure_channel(listen) as channel:  # a new connection each time
+            reply = swarm_pb2_grpc.SwarmStub(channel).SubmitBundle(
+                swarm_pb2.SubmitBundleRequest(envelope=envelope), timeout=30)
+        codes.append(reply.error.code)
+    assert sorted(codes) == [0] * QUOTA + [ErrorCode.RATE_LIMITED] * (LIMIT - QUOTA), codes
