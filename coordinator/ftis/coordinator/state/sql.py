@@ -587,23 +587,19 @@ class SqlState(State):
         )
 
     @staticmethod
-    def _lease_row(lease: LeaseRecord) -> LeaseRow:
-        return LeaseRow(
-            lease_id=lease.lease_id,
-            task_id=lease.task_id,
-            node_id=lease.node_id,
-            dataset=lease.dataset,
-            spec_index=lease.spec_index,
-            entry_json=lease.entry.to_json(),
-            group_size=lease.group_size,
-            max_new_tokens=lease.max_new_tokens,
-            issued_at_ms=lease.issued_at_ms,
-            deadline_ms=lease.deadline_ms,
-            bundle_id=None,
-        )
+    def _lease_values(lease: LeaseRecord) -> dict[str, Any]:
+        """The ``leases`` row of a new (unanswered) lease."""
+        return {"lease_id": lease.lease_id, "task_id": lease.task_id,
+                "node_id": lease.node_id, "dataset": lease.dataset,
+                "spec_index": lease.spec_index, "entry_json": lease.entry.to_json(),
+                "group_size": lease.group_size, "max_new_tokens": lease.max_new_tokens,
+                "issued_at_ms": lease.issued_at_ms, "deadline_ms": lease.deadline_ms,
+                "bundle_id": None}
 
     @staticmethod
-    def _bundle_record(row: BundleRow, dataset: str) -> BundleRecord:
+    def _bundle_record(row: Any, dataset: str) -> BundleRecord:
+        """A BundleRecord from anything with the ``bundles`` columns as attributes (an ORM
+        row, a Core row, or the values just inserted)."""
         return BundleRecord(
             sequence=row.sequence,
             bundle_id=row.bundle_id,
@@ -671,16 +667,7 @@ class SqlState(State):
             "text_verified": bundle.text_verified, "stored_quarantined": stored_quarantined,
         }
         sequence = session.execute(_Hot.insert_bundle, values).scalar_one()
-        return BundleRecord(
-            sequence=int(sequence), bundle_id=bundle.bundle_id, node_id=bundle.node_id,
-            task_id=bundle.task_id, lease_id=bundle.lease_id, dataset=dataset,
-            fingerprint=bundle.fingerprint, envelope=bundle.envelope,
-            verified_rewards=[float(r) for r in bundle.verified_rewards],
-            mean_reward=bundle.mean_reward, zero_variance=bundle.zero_variance,
-            completions=bundle.completions, completion_tokens=bundle.completion_tokens,
-            size_bytes=bundle.size_bytes, reward_mismatches=bundle.reward_mismatches,
-            policy_version=bundle.policy_version, stored_at_ms=now_ms,
-            text_verified=bundle.text_verified)
+        return self._bundle_record(types.SimpleNamespace(**values, sequence=sequence), dataset)
 
     def _locked_node_row(self, session: Session | Connection, node_id: str) -> Any:
         """The node's :data:`_NODE_COLUMNS` row with its node row locked (FOR UPDATE OF
@@ -893,12 +880,7 @@ class SqlState(State):
             start = self._reserve(session, TASK_DRAWS, count)
             leases = list(make(start))
             if leases:
-                session.execute(_Hot.insert_leases, [
-                    {"lease_id": x.lease_id, "task_id": x.task_id, "node_id": x.node_id,
-                     "dataset": x.dataset, "spec_index": x.spec_index,
-                     "entry_json": x.entry.to_json(), "group_size": x.group_size,
-                     "max_new_tokens": x.max_new_tokens, "issued_at_ms": x.issued_at_ms,
-                     "deadline_ms": x.deadline_ms, "bundle_id": None} for x in leases])
+                session.execute(_Hot.insert_leases, [self._lease_values(x) for x in leases])
             return leases
 
     @staticmethod
@@ -1038,7 +1020,8 @@ class SqlState(State):
 
     def insert_leases(self, leases: list[LeaseRecord]) -> None:
         with self._write() as session:
-            session.add_all(self._lease_row(lease) for lease in leases)
+            if leases:
+                session.execute(_Hot.insert_leases, [self._lease_values(x) for x in leases])
 
     def get_lease_by_task(self, task_id: str) -> LeaseRecord | None:
         if not _storable(task_id):
@@ -1172,20 +1155,11 @@ class SqlState(State):
                 if page and used + m.size_bytes > max_bytes:
                     full = True
                     break
-                page.append(BundleRecord(
-                    sequence=m.sequence, bundle_id=m.bundle_id, node_id=m.node_id,
-                    task_id=m.task_id, lease_id=m.lease_id, dataset=m.dataset,
-                    fingerprint=m.fingerprint, envelope=m.envelope,
-                    verified_rewards=[float(r) for r in m.verified_rewards],
-                    mean_reward=m.mean_reward, zero_variance=m.zero_variance,
-                    completions=m.completions, completion_tokens=m.completion_tokens,
-                    size_bytes=m.size_bytes, reward_mismatches=m.reward_mismatches,
-                    policy_version=m.policy_version, stored_at_ms=m.stored_at_ms,
-                    text_verified=bool(m.text_verified),
+                page.append(dataclasses.replace(
+                    self._bundle_record(m, m.dataset),
                     sender_standing=Standing(float(m.good or 0), float(m.bad or 0),
                                              int(m.updated_ms or 0)),
-                    question=TaskEntry.from_json(m.entry_json).question,
-                ))
+                    question=TaskEntry.from_json(m.entry_json).question))
                 used += m.size_bytes
             if len(page) >= limit:
                 full = True
