@@ -359,10 +359,6 @@ class State(abc.ABC):
         """All nodes, oldest registration first."""
 
     @abc.abstractmethod
-    def touch_node(self, node_id: str, now_ms: int, policy_version: int | None = None) -> None:
-        """Set ``last_seen_ms`` (and ``policy_version`` when given)."""
-
-    @abc.abstractmethod
     def set_ban(self, node_id: str, banned: bool, reason: str = "") -> NodeRecord:
         """Ban or unban a node (exact id). Raises FtisError NODE_UNKNOWN."""
 
@@ -378,10 +374,6 @@ class State(abc.ABC):
     @abc.abstractmethod
     def get_lease_by_task(self, task_id: str) -> LeaseRecord | None:
         """The lease issued for ``task_id``, or ``None``."""
-
-    @abc.abstractmethod
-    def lease_counts(self) -> dict[tuple[int, str], int]:
-        """Number of leases issued per ``(spec_index, dataset)``."""
 
     # -- bundles ---------------------------------------------------------------
     @abc.abstractmethod
@@ -477,12 +469,6 @@ class State(abc.ABC):
     def feedback_used(self, reporter_id: str, sender_id: str, since_ms: int) -> tuple[float, float]:
         """``(positive, negative)`` feedback weight (magnitudes) ``reporter_id`` put on
         ``sender_id`` since ``since_ms``."""
-
-    @abc.abstractmethod
-    def store_proof(
-        self, node_id: str, bundle_id: str | None, code: int, envelope: bytes, now_ms: int
-    ) -> int:
-        """Keep a signed inconsistent envelope as proof; returns the proof id."""
 
     @abc.abstractmethod
     def reset_bad_evidence(self, node_id: str, now_ms: int) -> NodeRecord:

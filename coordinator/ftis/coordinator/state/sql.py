@@ -472,8 +472,6 @@ class SqlState(State):
         with self._read_lock, self._reads() as session, session.begin():
             yield session
 
-    _session = _write  # the name older helpers use
-
     @contextlib.contextmanager
     def _write_conn(self) -> Iterator[Connection]:
         """:meth:`_write` without an ORM session, for the hot paths (Core statements)."""
@@ -991,13 +989,6 @@ class SqlState(State):
             ).all()
             return [self._node_record(row, rep) for row, rep in pairs]
 
-    def touch_node(self, node_id: str, now_ms: int, policy_version: int | None = None) -> None:
-        values: dict[str, Any] = {"last_seen_ms": now_ms}
-        if policy_version is not None:
-            values["policy_version"] = policy_version
-        with self._write() as session:
-            session.execute(update(NodeRow).where(NodeRow.node_id == node_id).values(**values))
-
     def set_ban(self, node_id: str, banned: bool, reason: str = "") -> NodeRecord:
         with self._write() as session:
             row = session.get(NodeRow, node_id, with_for_update=True)
@@ -1029,15 +1020,6 @@ class SqlState(State):
         with self._read() as session:
             row = session.scalar(select(LeaseRow).where(LeaseRow.task_id == task_id))
             return None if row is None else self._lease_record(row)
-
-    def lease_counts(self) -> dict[tuple[int, str], int]:
-        with self._read() as session:
-            rows = session.execute(
-                select(
-                    LeaseRow.spec_index, LeaseRow.dataset, func.count(LeaseRow.lease_id)
-                ).group_by(LeaseRow.spec_index, LeaseRow.dataset)
-            ).all()
-            return {(int(k), str(d)): int(n) for k, d, n in rows}
 
     # -- bundles -----------------------------------------------------------------
     def store_bundle(self, bundle: NewBundle, now_ms: int) -> BundleRecord:
@@ -1362,21 +1344,6 @@ class SqlState(State):
                 )
             ).one()
             return float(pos), float(neg)
-
-    def store_proof(
-        self, node_id: str, bundle_id: str | None, code: int, envelope: bytes, now_ms: int
-    ) -> int:
-        with self._write() as session:
-            row = ProofRow(
-                node_id=node_id,
-                bundle_id=_clean(bundle_id) or "",
-                code=int(code),
-                envelope=envelope,
-                at_ms=now_ms,
-            )
-            session.add(row)
-            session.flush()
-            return int(row.id)
 
     def reset_bad_evidence(self, node_id: str, now_ms: int) -> NodeRecord:
         with self._write() as session:
