@@ -126,11 +126,11 @@ def peer_host(peer: str) -> str:
 
 
 class Quotas:
-    """All per-process quotas of the coordinator.
+    """The per-process quotas of the coordinator (bundle quotas are counted in the
+    database instead, so that they hold across worker processes: ``verify.check_quota``).
 
     Args:
-        bundles_per_minute, bundle_bytes_per_minute, pulls_per_minute,
-        tokenizer_uploads_per_minute: per-node limits.
+        pulls_per_minute, tokenizer_uploads_per_minute: per-node limits.
         registrations_per_minute, registrations_per_host_per_minute: new node ids.
         clock: seconds.
     """
@@ -138,26 +138,16 @@ class Quotas:
     def __init__(
         self,
         *,
-        bundles_per_minute: float,
-        bundle_bytes_per_minute: float,
         pulls_per_minute: float,
         tokenizer_uploads_per_minute: float,
         registrations_per_minute: float,
         registrations_per_host_per_minute: float,
         clock: Seconds = time.monotonic,
     ) -> None:
-        self.bundles = RateLimiter(bundles_per_minute, clock=clock)
-        self.bundle_bytes = RateLimiter(bundle_bytes_per_minute, clock=clock)
         self.pulls = RateLimiter(pulls_per_minute, clock=clock)
         self.tokenizer_uploads = RateLimiter(tokenizer_uploads_per_minute, clock=clock)
         self.registrations = RateLimiter(registrations_per_minute, clock=clock)
         self.registrations_per_host = RateLimiter(registrations_per_host_per_minute, clock=clock)
-
-    def admit_bundle(self, node_id: str, size_bytes: int) -> bool:
-        """One bundle of ``size_bytes`` from ``node_id`` (both buckets or neither)."""
-        return try_take_all(
-            [(self.bundles, node_id, 1.0), (self.bundle_bytes, node_id, float(size_bytes))]
-        )
 
     def admit_pull(self, node_id: str) -> bool:
         return self.pulls.try_take(node_id)

@@ -153,8 +153,6 @@ class Context:
             tasks=TaskSource(list(config.tasks), seed=config.task_seed,
                              split=HeldoutSplit(config.heldout_fraction), part="train"),
             quotas=Quotas(
-                bundles_per_minute=config.bundles_per_minute,
-                bundle_bytes_per_minute=config.bundle_bytes_per_minute,
                 pulls_per_minute=config.pulls_per_minute,
                 tokenizer_uploads_per_minute=config.tokenizer_uploads_per_minute,
                 registrations_per_minute=config.registrations_per_minute,
