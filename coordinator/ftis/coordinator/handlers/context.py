@@ -58,10 +58,6 @@ class SeenBuffer:
                     policy_version = old[1]
             self._seen[node_id] = (now_ms, policy_version)
 
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._seen)
-
     def flush(self, state: State) -> int:
         """Write the buffered times (one transaction); returns how many nodes."""
         with self._lock:

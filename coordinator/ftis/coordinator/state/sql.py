@@ -379,12 +379,7 @@ class _Hot:
         .outerjoin(reps, reps.c.node_id == nodes.c.node_id)
         .outerjoin(leases, leases.c.task_id == bindparam("task_id"))
     )
-    negative_reporters = select(evidence.c.reporter_node_id).distinct().where(
-        evidence.c.node_id == bindparam("node_id"),
-        evidence.c.kind == reputation.FEEDBACK,
-        evidence.c.at_ms >= bindparam("since"),
-        evidence.c.weight < 0,
-    )
+    negative_reporters = select(_reporters.c.reporter_node_id)
     answer_lease = (
         update(leases)
         .where(leases.c.lease_id == bindparam("b_lease_id"), leases.c.bundle_id.is_(None))
