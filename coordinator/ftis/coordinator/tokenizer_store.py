@@ -7,14 +7,29 @@ accepted only if
 
 1. the compressed size is at most ``max_tokenizer_gz_bytes``;
 2. it decompresses (bounded reader: at most ``max_tokenizer_json_bytes`` are ever
-   produced, so zip bombs cost nothing) to UTF-8 JSON;
+   produced, so zip bombs cost nothing) to UTF-8 JSON without duplicate keys;
 3. :func:`ftis.protocol.fingerprint.tokenizer_fingerprint` of that JSON equals the
    fingerprint in the request and the node's registered model card;
-4. it loads with ``tokenizers.Tokenizer.from_str``;
+4. it loads with ``tokenizers.Tokenizer.from_str``, and the fingerprint of what loaded
+   (``tokenizer.to_str()``) is that fingerprint too: whatever the library ignored,
+   defaulted or read differently from Python's JSON parser shows up as a difference, so
+   the stored tokenizer is exactly the one the fingerprint describes;
 5. the registered model card's ``vocab_size`` fits the tokenizer
    (:func:`check_vocab_size`: at least the tokenizer's id bound, at most
    :func:`max_card_vocab` of it). The same comparison runs when a node registers with a
    fingerprint whose tokenizer is already known, and when it "uploads" one that is.
+
+Why one upload may serve every node of a fingerprint (issue 13, class 2, "tokenizer
+poisoning"): the fingerprint hashes everything that decides encoding and decoding
+(model, added tokens with their flags, normalizer, pre-tokenizer, post-processor,
+decoder; see :mod:`ftis.protocol.fingerprint`), and rules 3-4 recompute it from the
+uploaded bytes. Two tokenizers stored or held under one fingerprint therefore decode
+every id sequence to the same text, short of a SHA-256 collision or a ``tokenizers``
+bug: the first uploader cannot choose how anyone else's ids are decoded, and an upload
+with, say, a changed decoder has a different fingerprint and is refused for the honest
+one (TOKENIZER_INVALID). :meth:`TokenizerCache.get` recomputes the fingerprint of a
+stored file once more when it loads it, so a row written under an older fingerprint
+scheme (or altered in the database) is never used to judge anyone.
 
 At submission every token id must be one the tokenizer can decode
 (:func:`undecodable_id`): ``decode`` silently skips unknown ids, so the text check alone
@@ -131,6 +146,15 @@ def undecodable_id(tokenizer: Tokenizer, token_ids: Iterable[int]) -> int | None
     return None
 
 
+def loaded_fingerprint(tokenizer: Tokenizer) -> str:
+    """Fingerprint of a loaded tokenizer as the library serializes it (``to_str()``);
+    ``""`` if that does not serialize or fingerprint."""
+    try:
+        return tokenizer_fingerprint(tokenizer.to_str())
+    except Exception:  # the Rust binding raises plain Exception subclasses
+        return ""
+
+
 def check_upload(
     gz: bytes,
     fingerprint: str,
@@ -143,11 +167,22 @@ def check_upload(
     """Validate an upload (rules 1-4 of the module docstring, and 5 when
     ``card_vocab_size``, the registered model card's, is given).
 
+    Args:
+        gz: the gzip'd ``tokenizer.json`` as uploaded.
+        fingerprint: the fingerprint named in the request.
+        registered_fingerprint: the node's registered model card's.
+
     Returns:
-        ``(tokenizer, vocab_size)`` with the vocabulary size including added tokens.
+        ``(tokenizer, vocab_size)`` with the vocabulary size including added tokens; the
+        tokenizer's fingerprint, recomputed both from the uploaded text and from what
+        the library loaded, is ``fingerprint``.
 
     Raises:
-        FtisError: TOKENIZER_INVALID or VOCAB_SIZE_MISMATCH.
+        FtisError: TOKENIZER_INVALID (size; the request's fingerprint differs from the
+            registered one; not gzip/UTF-8/JSON, duplicate keys, no ``model``; the
+            recomputed fingerprint differs, reason "uploaded tokenizer has fingerprint
+            ..." or "... as loaded has fingerprint ..."; does not load) or
+            VOCAB_SIZE_MISMATCH.
     """
     if len(gz) > max_gz_bytes:
         raise FtisError(
@@ -173,6 +208,13 @@ def check_upload(
             f"uploaded tokenizer has fingerprint {actual}, expected {fingerprint}",
         )
     tokenizer = load_tokenizer(text)
+    loaded = loaded_fingerprint(tokenizer)
+    if loaded != fingerprint:
+        raise FtisError(
+            ErrorCode.TOKENIZER_INVALID,
+            f"uploaded tokenizer as loaded has fingerprint {loaded}, expected {fingerprint} "
+            "(upload the library's own serialization, tokenizer.to_str())",
+        )
     if card_vocab_size is not None:
         check_vocab_size(card_vocab_size, tokenizer)
     return tokenizer, int(tokenizer.get_vocab_size(with_added_tokens=True))
@@ -196,6 +238,8 @@ class TokenizerCache:
         self._lock = threading.Lock()
 
     def put(self, fingerprint: str, tokenizer: Tokenizer) -> None:
+        """Hold ``tokenizer`` under ``fingerprint``: only a tokenizer that
+        :func:`check_upload` accepted for exactly this fingerprint."""
         with self._lock:
             self._loaded[fingerprint] = tokenizer
             self._loaded.move_to_end(fingerprint)
@@ -203,7 +247,13 @@ class TokenizerCache:
                 self._loaded.popitem(last=False)
 
     def get(self, fingerprint: str) -> Tokenizer | None:
-        """The tokenizer with this fingerprint, or ``None`` if none was uploaded."""
+        """The tokenizer with this fingerprint, or ``None`` if none was uploaded.
+
+        A stored file is loaded only if its recomputed fingerprint is ``fingerprint``
+        (1.3 s for Gemma 3's 12 MB file, once per load); otherwise, e.g. a row stored
+        under an earlier fingerprint scheme, an error is logged and ``None`` returned,
+        so the file never judges anyone's text.
+        """
         with self._lock:
             tokenizer = self._loaded.get(fingerprint)
             if tokenizer is not None:
@@ -212,7 +262,16 @@ class TokenizerCache:
         gz = self.state.get_tokenizer(fingerprint)
         if gz is None:
             return None
-        tokenizer = load_tokenizer(gunzip_bounded(gz, self.max_json_bytes).decode("utf-8"))
+        text = gunzip_bounded(gz, self.max_json_bytes).decode("utf-8")
+        try:
+            actual = tokenizer_fingerprint(text)
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            actual = ""
+        if actual != fingerprint:
+            log.error("stored tokenizer %s has fingerprint %s: not used",
+                      fingerprint[:16], actual[:16] or "(none)")
+            return None
+        tokenizer = load_tokenizer(text)
         self.put(fingerprint, tokenizer)
         return tokenizer
 

@@ -9,7 +9,10 @@ from ftis.v1 import bundle_pb2
 
 
 def fingerprint_of(tokenizer: Any) -> str:
-    """Tokenizer fingerprint (64 hex) of a ``transformers`` fast tokenizer.
+    """Tokenizer fingerprint (64 hex) of a ``transformers`` fast tokenizer: of its
+    backend's ``to_str()``, the text the client uploads, so the coordinator recomputes
+    the same value (:mod:`ftis.protocol.fingerprint`: the whole encode/decode pipeline,
+    not padding or truncation).
 
     Raises:
         TypeError: if the tokenizer has no ``backend_tokenizer`` (slow tokenizers).

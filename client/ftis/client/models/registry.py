@@ -12,7 +12,9 @@ Accepted forms, in the order they are tried:
 GGUF models are dequantized by ``transformers`` on first load (~20 s for SmolLM2-135M,
 ~60 s for Gemma-3-270M on two cores) and then cached as safetensors + tokenizer files under
 :func:`cache_dir`, so a second start loads in seconds. Each converted folder also holds
-``ftis-source.json`` (source GGUF, tokenizer fingerprint, parameter count).
+``ftis-source.json`` (source GGUF, tokenizer fingerprint and its scheme, parameter count;
+a folder converted under an earlier fingerprint scheme keeps that scheme's value, which
+nothing reads back: the model card always fingerprints the loaded tokenizer).
 ``trust_remote_code`` is never enabled. ``ftis-client models list`` shows what is here
 (:func:`list_local`).
 """
@@ -290,6 +292,7 @@ def materialize(resolved: ResolvedModel) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ftis.client.models.card import fingerprint_of
+    from ftis.protocol.fingerprint import FINGERPRINT_VERSION
 
     t0 = time.perf_counter()
     log.info("converting %s to safetensors under %s (first start only)", gguf.name, target)
@@ -317,6 +320,7 @@ def materialize(resolved: ResolvedModel) -> Path:
         "source": str(gguf),
         "quantization": resolved.quantization,
         "tokenizer_fingerprint": fingerprint,
+        "fingerprint_version": FINGERPRINT_VERSION,
         "parameters": sum(p.numel() for p in model.parameters()),
         "model_type": model.config.model_type,
         "conversion_seconds": round(time.perf_counter() - t0, 1),

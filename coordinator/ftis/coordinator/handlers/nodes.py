@@ -91,7 +91,9 @@ def register(ctx: Context, envelope: bundle_pb2.SignedEnvelope, peer: str = "") 
 
 
 def tokenizer_known(ctx: Context, fingerprint: str) -> bool:
-    """Whether a tokenizer with this fingerprint was uploaded."""
+    """Whether a tokenizer with this fingerprint was uploaded (and accepted: its
+    fingerprint recomputed from the file matched, so it encodes and decodes exactly as the
+    caller's own tokenizer of that fingerprint; see :mod:`ftis.coordinator.tokenizer_store`)."""
     return ctx.tokenizers.known(fingerprint)
 
 
@@ -116,8 +118,9 @@ def upload_tokenizer(ctx: Context, node: NodeRecord, fingerprint: str,
 
     Raises:
         FtisError: TOKENIZER_INVALID (too large, not gzip, inflates beyond
-            ``max_tokenizer_json_bytes``, fingerprint differs from the request's or the
-            registered one, does not load), VOCAB_SIZE_MISMATCH (the registered model
+            ``max_tokenizer_json_bytes``, duplicate JSON keys, fingerprint recomputed from
+            the file or from what loaded differs from the request's or the registered one,
+            does not load), VOCAB_SIZE_MISMATCH (the registered model
             card's vocab_size does not fit the tokenizer, also when it is already
             stored), RATE_LIMITED.
     """
