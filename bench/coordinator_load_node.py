@@ -8,8 +8,7 @@ Everything that touches the protocol is the client's own code: identities
 (:meth:`Policy.prompt_token_ids`: the chat template over the lease's messages), completion
 text (:meth:`Policy.decode`), sampling settings (:class:`SamplingSettings`) and envelope
 signing (:func:`seal`). Only the bundle's fields are filled here instead of in
-``VolunteerNode.make_bundle``, because that method scores every completion with the lease's
-``entry_json`` (which will leave the protocol) and decodes every completion per lease.
+``VolunteerNode.make_bundle``, because that method decodes every completion per lease.
 
 The completions: G sequences of K SmolLM2 token ids cut from the encoding of an ASCII
 paragraph with no digits, no ``<answer>`` tag and no ``\\boxed{}``; their text is

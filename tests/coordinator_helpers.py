@@ -51,6 +51,7 @@ UNLIMITED_QUOTAS: dict[str, Any] = {
     "bundles_per_minute": 1e9,
     "bundle_bytes_per_minute": 1 << 50,
     "pulls_per_minute": 1e9,
+    "reports_per_minute": 1e9,
     "tokenizer_uploads_per_minute": 1e9,
     "registrations_per_minute": 1e9,
     "registrations_per_host_per_minute": 1e9,
@@ -176,7 +177,8 @@ def verify_only(coord: Coordinator, envelope: Any) -> Any:
     snap = coord.state.submission_snapshot(opened.sender_id, opened.bundle.task_id,
                                            opened.bundle_id, now, now)
     tok = coord.tokenizers.get(snap.node.fingerprint) if snap.node else None
-    return check_submission(opened, snap, now_ms=now, tokenizer=tok)
+    return check_submission(opened, snap, now_ms=now, tokenizer=tok,
+                            tokenizer_fingerprint=snap.node.fingerprint if tok else None)
 
 
 def make_coordinator(

@@ -58,7 +58,7 @@ def test_one_round_full_and_lora(tmp_path):
         (rec,) = read_metrics(tmp_path / name / "metrics.jsonl")
         assert rec["bundles_submitted"] == 1 and rec["generated_tokens"] > 0
         assert 0.0 <= rec["reward_mean"] <= 1.0
-        assert rec["claimed_reward_mean"] == pytest.approx(rec["reward_mean"])
+        assert "claimed_reward_mean" not in rec  # honest nodes claim no rewards
         # ids (1-3 bytes) + log-probs (4 bytes) + text + prompt and card overhead
         assert 5 < rec["bundle_bytes_per_token"] < 200
         ckpt = tmp_path / name / "checkpoints" / "step-000001"

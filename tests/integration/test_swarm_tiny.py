@@ -51,8 +51,7 @@ def test_two_clients_train_together_and_resume(tmp_path, tiny_model_dir):
             for r in recs:
                 assert r["bundles_submitted"] == LOCAL
                 assert 0.0 <= r["reward_mean"] <= 1.0
-                # claimed rewards use the same scorer as the coordinator: no mismatch
-                assert r["claimed_reward_mean"] == pytest.approx(r["reward_mean"])
+                assert "claimed_reward_mean" not in r  # honest nodes claim no rewards
                 assert r["generated_tokens"] > 0 and r["tokens_per_second"] > 0
             assert (tmp_path / "swarm" / name / "checkpoints" / "latest").read_text() \
                 == "step-000003"

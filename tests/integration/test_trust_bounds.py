@@ -14,226 +14,43 @@ import gzip
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 from coordinator_helpers import (
     VOCAB,
-    answer_text,
-    chat_prompt,
     load_tokenizer,
-    make_config,
     model_card,
-    register_envelope,
     signed,
     tokenizer_fp,
-    tokenizer_gz,
     tokenizer_json,
 )
 from google.protobuf import unknown_fields
+from trust_swarm import (
+    MAX_NEW_TOKENS,
+    TIMEOUT_S,
+    G,
+    Node,
+    Swarm,
+    now_ms,
+    running_swarm,
+)
 
-from ftis.coordinator import reputation
-from ftis.coordinator.server.app import CoordinatorServer
 from ftis.coordinator.server.convert import _length_delimited
 from ftis.protocol.bundles import PROMPT_TEMPLATE_SLACK, prompt_limits
 from ftis.protocol.envelope import open_envelope, seal, signing_digest
 from ftis.protocol.errors import ErrorCode
 from ftis.protocol.fingerprint import tokenizer_fingerprint
-from ftis.protocol.identity import NodeIdentity
-from ftis.v1 import bundle_pb2, swarm_pb2, swarm_pb2_grpc
+from ftis.v1 import bundle_pb2, swarm_pb2
 
 pytestmark = pytest.mark.integration
-
-G = 2
-MAX_NEW_TOKENS = 32
-TIMEOUT_S = 30
-
-
-def _now() -> int:
-    return int(time.time() * 1000)
-
-
-def _answer_of(lease: swarm_pb2.TaskLease) -> str:
-    """The chain_sum answer recomputed from the question (``... a + b - c =``), so honest
-    claims are right without reading anything the lease might stop carrying."""
-    tokens = lease.question.rsplit(":", 1)[-1].strip().rstrip("=").split()
-    total = int(tokens[0])
-    for op, number in zip(tokens[1::2], tokens[2::2], strict=True):
-        total = total + int(number) if op == "+" else total - int(number)
-    return str(total)
-
-
-@dataclass
-class Node:
-    """A volunteer talking real gRPC: its key, its model card, the stub."""
-
-    identity: NodeIdentity
-    stub: swarm_pb2_grpc.SwarmStub
-    card: bundle_pb2.ModelCard
-
-    @property
-    def node_id(self) -> str:
-        return self.identity.node_id
-
-    def register(self) -> swarm_pb2.RegisterResponse:
-        envelope = register_envelope(self.identity, self.card, _now())
-        return self.stub.Register(swarm_pb2.RegisterRequest(envelope=envelope), timeout=TIMEOUT_S)
-
-    def upload(self, gz: bytes | None = None) -> swarm_pb2.UploadTokenizerResponse:
-        request = swarm_pb2.UploadTokenizerRequest(
-            node_id=self.node_id, fingerprint=self.card.tokenizer_fingerprint,
-            tokenizer_json_gz=gz if gz is not None else tokenizer_gz())
-        return self.stub.UploadTokenizer(signed(request, "UploadTokenizer", self.identity, _now()),
-                                         timeout=TIMEOUT_S)
-
-    def lease(self, count: int = 1) -> list[swarm_pb2.TaskLease]:
-        request = swarm_pb2.LeaseTasksRequest(node_id=self.node_id, count=count, group_size=G,
-                                              max_new_tokens=MAX_NEW_TOKENS)
-        reply = self.stub.LeaseTasks(signed(request, "LeaseTasks", self.identity, _now()),
-                                     timeout=TIMEOUT_S)
-        assert reply.error.code == 0, reply.error
-        return list(reply.leases)
-
-    def submit(self, envelope: bundle_pb2.SignedEnvelope) -> swarm_pb2.SubmitBundleResponse:
-        return self.stub.SubmitBundle(swarm_pb2.SubmitBundleRequest(envelope=envelope),
-                                      timeout=TIMEOUT_S)
-
-    def submit_bundle(self, bundle: bundle_pb2.Bundle) -> swarm_pb2.SubmitBundleResponse:
-        return self.submit(seal("bundle", bundle, self.identity))
-
-    def pull(self, cursor: int = 0) -> swarm_pb2.PullBundlesResponse:
-        request = swarm_pb2.PullBundlesRequest(node_id=self.node_id, cursor=cursor,
-                                               max_bundles=64)
-        reply = self.stub.PullBundles(signed(request, "PullBundles", self.identity, _now()),
-                                      timeout=TIMEOUT_S)
-        assert reply.error.code == 0, reply.error
-        return reply
-
-    def report(self, *feedback: swarm_pb2.SenderFeedback) -> swarm_pb2.ReportMetricsResponse:
-        request = swarm_pb2.ReportMetricsRequest(node_id=self.node_id, step=1,
-                                                 values={"loss": 0.5}, feedback=list(feedback))
-        return self.stub.ReportMetrics(signed(request, "ReportMetrics", self.identity, _now()),
-                                       timeout=TIMEOUT_S)
-
-    def heartbeat(self) -> swarm_pb2.HeartbeatResponse:
-        """A signed Heartbeat; asserts the node is served (known, not banned)."""
-        request = swarm_pb2.HeartbeatRequest(node_id=self.node_id, policy_version=1)
-        reply = self.stub.Heartbeat(signed(request, "Heartbeat", self.identity, _now()),
-                                    timeout=TIMEOUT_S)
-        assert reply.error.code == 0, reply.error
-        return reply
-
-    def honest_bundle(self, lease: swarm_pb2.TaskLease) -> bundle_pb2.Bundle:
-        """What an honest client sends: ids encoded with the shared test tokenizer, text
-        exactly their decoding, correct claims, sane log-probs."""
-        tok = load_tokenizer()
-        answer = _answer_of(lease)
-        completions = []
-        for correct in (True, False):
-            ids = tok.encode(answer_text(correct, answer)).ids
-            completions.append(bundle_pb2.Completion(
-                token_ids=ids, logprobs=[-0.7] * len(ids),
-                text=tok.decode(ids, skip_special_tokens=False),
-                claimed_reward=1.0 if correct else 0.0,
-                finish_reason=bundle_pb2.FINISH_REASON_STOP))
-        return bundle_pb2.Bundle(
-            task_id=lease.task_id, lease_id=lease.lease_id, node_id=self.node_id,
-            model_card=self.card, policy_version=1,
-            sampling=bundle_pb2.SamplingParams(temperature=1.0, top_p=1.0,
-                                               max_new_tokens=MAX_NEW_TOKENS),
-            prompt_token_ids=tok.encode(chat_prompt(lease.question)).ids,
-            prompt_text=chat_prompt(lease.question), completions=completions)
-
-
-@dataclass
-class Swarm:
-    server: CoordinatorServer
-    stub: swarm_pb2_grpc.SwarmStub
-    honest_a: Node
-    honest_b: Node
-    stored: list[str]  # bundle ids of A's accepted bundles, in relay order
-
-    def node(self, card: bundle_pb2.ModelCard | None = None) -> Node:
-        return Node(NodeIdentity.generate(), self.stub, card or model_card(tokenizer_fp(), VOCAB))
-
-    def attacker(self) -> Node:
-        """A registered node with an honest-looking card (the shared tokenizer, known)."""
-        node = self.node()
-        reply = node.register()
-        assert reply.error.code == 0 and reply.tokenizer_known, reply
-        return node
-
-    def honest_round(self) -> None:
-        """A submits one honest bundle; B pulls everything and reports positive feedback
-        about A on the bundles it pulled (what an honest receiver does)."""
-        (lease,) = self.honest_a.lease()
-        reply = self.honest_a.submit_bundle(self.honest_a.honest_bundle(lease))
-        assert reply.error.code == 0 and reply.reward_mismatches == 0, reply.error
-        self.stored.append(reply.bundle_id)
-        pulled = self.honest_b.pull()
-        ids = [b.bundle_id for b in pulled.bundles if b.bundle_id in self.stored]
-        assert ids == self.stored, "the relay must carry A's verified bundles"
-        reply = self.honest_b.report(swarm_pb2.SenderFeedback(
-            sender_node_id=self.honest_a.node_id, groups=1, tokens=20, mean_log_ratio=-0.2,
-            filtered_frac=0.0, truncated_frac=0.0, bundle_ids=[ids[-1]]))
-        assert reply.error.code == 0 and not reply.dropped_feedback, reply
-
-    def stored_by(self, node: Node) -> list[str]:
-        """Bundle ids the coordinator stored for ``node``."""
-        return sorted(b.bundle_id for b in self.server.state.list_bundles(node.node_id, 1000))
-
-    def assert_relay_unchanged(self, accepted: list[str] | tuple[str, ...] = ()) -> None:
-        """The relay carries A's bundles and, at most, the attacker's ``accepted`` ones
-        (a quarantined sender's are stored, not relayed): nothing that was refused."""
-        relayed = [b.bundle_id for b in self.honest_b.pull().bundles]
-        assert [b for b in relayed if b in self.stored] == self.stored
-        assert set(relayed) - set(self.stored) <= set(accepted), relayed
-
-    def standing(self, node: Node) -> tuple[float, bool]:
-        """``(reputation now, quarantined)`` as stored (Heartbeat answers from a record
-        cached for up to a second, so the test reads the database of the server it runs);
-        the node must still be served over gRPC."""
-        node.heartbeat()
-        record = self.server.state.get_node(node.node_id)
-        assert record is not None and not record.banned, record
-        score = reputation.current_score(record.standing, _now(),
-                                         self.server.ctx.policy.half_life_s)
-        return score, record.quarantined
-
-    def honest_standing(self) -> dict[str, tuple[float, bool]]:
-        return {"A": self.standing(self.honest_a), "B": self.standing(self.honest_b)}
-
-    def assert_honest_kept_their_reputation(self, before: dict[str, tuple[float, bool]]) -> None:
-        """Nobody honest lost reputation, was quarantined or banned, and both still work
-        (A's next bundle is accepted and relayed to B, B's feedback is applied)."""
-        self.honest_round()
-        after = self.honest_standing()
-        for name, (score, quarantined) in after.items():
-            assert not quarantined, (name, after)
-            assert score >= before[name][0] - 1e-9, (name, before, after)
-        assert after["A"][0] > before["A"][0]  # A still earns reputation
 
 
 @pytest.fixture
 def swarm(tmp_path: Path) -> Iterator[Swarm]:
-    config = make_config(db=str(tmp_path / "coordinator.db"), require_tokenizer=True)
-    server = CoordinatorServer(config)
-    server.start()
-    channel = grpc.insecure_channel(server.address)
-    stub = swarm_pb2_grpc.SwarmStub(channel)
-    try:
-        card = model_card(tokenizer_fp(), VOCAB)
-        a, b = Node(NodeIdentity.generate(), stub, card), Node(NodeIdentity.generate(), stub, card)
-        assert a.register().error.code == 0 and a.upload().error.code == 0
-        assert b.register().tokenizer_known
-        world = Swarm(server, stub, a, b, [])
-        world.honest_round()
+    # established reporters weigh at once (the tests run for seconds, not half an hour)
+    with running_swarm(tmp_path, reputation={"reporter_maturity_s": 0}) as world:
         yield world
-    finally:
-        channel.close()
-        server.stop(grace=1.0)
 
 
 # -- class 5: extreme but finite log-probs -----------------------------------------------------
@@ -259,7 +76,11 @@ def test_class5_extreme_logprobs_are_refused_and_one_bad_feedback_entry_voids_no
     assert attacker.submit_bundle(just_below).error.code == ErrorCode.LOGPROB_TOO_SMALL
     assert swarm.stored_by(attacker) == accepted
     swarm.assert_relay_unchanged(accepted)
-    # One bad entry no longer voids a report: the receiver's valid entries are applied.
+    # One bad entry no longer voids a report: the receiver's valid entries are applied
+    # (feedback weighs once the reporter is past probation, on bundles relayed to it).
+    for lease in attacker.lease(4):
+        assert attacker.submit_bundle(attacker.honest_bundle(lease)).error.code == 0
+    attacker.pull()
     score_a = swarm.standing(swarm.honest_a)[0]
     reply = attacker.report(
         swarm_pb2.SenderFeedback(sender_node_id=swarm.honest_a.node_id, groups=1, tokens=10,
@@ -369,7 +190,7 @@ def test_class7_padding_in_signed_payloads_is_refused_and_the_relay_carries_only
     # registration payloads too: padding inside the model card
     sybil = swarm.node()
     payload = swarm_pb2.RegisterPayload(model_card=sybil.card, client_version="x",
-                                        timestamp_ms=_now(), display_name="padded")
+                                        timestamp_ms=now_ms(), display_name="padded")
     body = payload.SerializeToString(deterministic=True)
     body += _length_delimited(1, _length_delimited(60, pad[:1024]))  # merges into model_card
     envelope = bundle_pb2.SignedEnvelope(
@@ -408,7 +229,7 @@ def test_class9_vocab_size_is_compared_with_the_tokenizer_and_undecodable_ids_re
     assert upload.error.code == ErrorCode.VOCAB_SIZE_MISMATCH, upload.error
     request = swarm_pb2.LeaseTasksRequest(node_id=own.node_id, count=1, group_size=G,
                                           max_new_tokens=MAX_NEW_TOKENS)
-    leased = swarm.stub.LeaseTasks(signed(request, "LeaseTasks", own.identity, _now()),
+    leased = swarm.stub.LeaseTasks(signed(request, "LeaseTasks", own.identity, now_ms()),
                                    timeout=TIMEOUT_S)
     assert leased.error.code == ErrorCode.TOKENIZER_REQUIRED
     # a node with an honest card: ids beyond the card, and ids the tokenizer lacks

@@ -255,7 +255,7 @@ def test_list_bundles_owners_and_text_verification(state: SqlState) -> None:
     assert [r.bundle_id for r in state.list_bundles(limit=2)] == [a3, b2]
     assert [r.bundle_id for r in state.list_bundles(node_prefix=a[:12])] == [a3, a1]
     assert state.list_bundles(node_prefix="_") == []
-    assert state.bundle_owners([a1, b2, "nope", a1]) == {a1: (a, True), b2: (b, False)}
+    assert state.bundle_owners([a1, b2, "nope", a1]) == {a1: (a, True, 1), b2: (b, False, 2)}
     assert state.bundle_owners([]) == {}
     assert state.count_text_unverified(a) == (2, 1)
     assert state.count_text_unverified(node_id("ghost")) == (0, 0)

@@ -34,6 +34,7 @@ from ftis.coordinator.state.sql import (
 from ftis.protocol.errors import ErrorCode, FtisError
 
 ALL_TABLES = ("nodes", "reputation", "leases", "bundles", "verdicts", "evidence", "proofs",
+              "feedback_bundles",
               "counters")
 
 
@@ -334,6 +335,38 @@ def test_apply_evidence_many_unknown_node_writes_nothing(state: SqlState) -> Non
             lambda events: Recorder(events, T0))
     assert info.value.code == ErrorCode.NODE_UNKNOWN
     assert dump_tables(state, ALL_TABLES) == before
+
+
+def test_apply_evidence_many_records_counted_feedback_bundles_once(state: SqlState) -> None:
+    a, r = (add_node(state, n).node_id for n in ("alice", "reporter"))
+    update = lambda events: Recorder(events, T0)  # noqa: E731
+    feedback = Evidence(reputation.FEEDBACK, -0.5, "f", r, "b1")
+    out = state.apply_evidence_many([(a, feedback)], T0, update, counted=(r, ["b1", "b2", "b1"]))
+    assert out[a].rep_bad == 0.5
+    assert state.reported_bundles(r, ["b1", "b2", "b3"]) == {"b1", "b2"}
+    assert state.reported_bundles(a, ["b1"]) == set()  # per reporter
+    assert state.reported_bundles(r, []) == set() and state.reported_bundles("\x00", ["b1"]) \
+        == set()
+    # counted bundles alone (no evidence) are recorded too
+    assert state.apply_evidence_many([], T0, update, counted=(r, ["b3"])) == {}
+    assert state.reported_bundles(r, ["b3"]) == {"b3"}
+    # a concurrent report that counted the same bundle: refused whole, nothing written
+    before = dump_tables(state, ALL_TABLES)
+    with pytest.raises(FtisError) as info:
+        state.apply_evidence_many([(a, feedback)], T0 + 1, update, counted=(r, ["b4", "b2"]))
+    assert info.value.code == ErrorCode.FEEDBACK_INVALID
+    assert dump_tables(state, ALL_TABLES) == before
+
+
+def test_record_relay_served_moves_forward_only(state: SqlState) -> None:
+    a = add_node(state, "alice").node_id
+    b = add_node(state, "bob").node_id
+    assert state.get_node(a).relay_served_seq == 0
+    state.record_relay_served({a: 7, b: 3, node_id("ghost"): 9, "\x00": 1})
+    assert (state.get_node(a).relay_served_seq, state.get_node(b).relay_served_seq) == (7, 3)
+    state.record_relay_served({a: 5})
+    assert state.get_node(a).relay_served_seq == 7
+    state.record_relay_served({})
 
 
 # -- lease_block and the draw counter -----------------------------------------------------

@@ -26,7 +26,7 @@ from ftis.protocol.bundles import BundleLimits, check_structure
 from ftis.protocol.envelope import open_envelope, seal
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.identity import NodeIdentity
-from ftis.tasks import TaskEntry, render_messages, score_completion
+from ftis.tasks import render_messages, score_completion
 from ftis.v1 import bundle_pb2, common_pb2, swarm_pb2
 
 VOCAB, G = 300, 4
@@ -49,14 +49,12 @@ def _bundle(seed: int = 0, node_id: str = "n" * 32) -> bundle_pb2.Bundle:
         created_at_ms=1)
 
 
-def _lease(question: str = "How many 'r' are in 'strawberry'?", answer: str = "3",
+def _lease(question: str = "How many 'r' are in 'strawberry'?",
            group_size: int = G) -> swarm_pb2.TaskLease:
-    entry = TaskEntry("letter_counting", 0, question, answer, {})
     return swarm_pb2.TaskLease(
         lease_id="mylease", task_id="mytask", dataset="letter_counting",
         messages=[common_pb2.ChatMessage(**m) for m in render_messages(question)],
-        question=question, group_size=group_size, max_new_tokens=8,
-        entry_json=entry.to_json())
+        question=question, group_size=group_size, max_new_tokens=8)
 
 
 def _lps(b: bundle_pb2.Bundle) -> list[list[float]]:
@@ -107,10 +105,10 @@ def test_deflated_and_inflated_bundles_still_pass_structure_checks():
 
 def test_text_mismatch_keeps_tokens_and_claims_the_answer():
     b = _bundle()
-    lease = _lease()
-    entry = TaskEntry.from_json(lease.entry_json).as_entry()
-    text = mutations.correct_answer_text(entry["answer"])
-    out = mutations.replace_text(b, text, lambda t: score_completion("letter_counting", t, entry))
+    text = mutations.answer_text("3")
+    assert score_completion("letter_counting", text, {"question": "", "answer": "3",
+                                                      "metadata": {}}) == 1.0
+    out = mutations.replace_text(b, text)
     assert all(c.text == text for c in out.completions)
     assert all(c.claimed_reward == 1.0 for c in out.completions)
     assert [list(c.token_ids) for c in out.completions] == \
@@ -136,9 +134,11 @@ def test_copy_under_lease_rebinds_a_victims_bundle(group_size):
     assert len(out.completions) == group_size
     assert list(out.completions[0].token_ids) == list(victim.completions[0].token_ids)
     own = mutations.copy_under_lease(victim, lease, "a" * 32, CARD, 4, 99,
-                                     prompt=([1, 2], "mine"), score=lambda t: 0.5)
+                                     prompt=([1, 2], "mine"))
     assert list(own.prompt_token_ids) == [1, 2] and own.prompt_text == "mine"
-    assert all(c.claimed_reward == 0.5 for c in own.completions)
+    # the victim's claims are dropped: the attacker cannot score for its own lease
+    assert all(c.claimed_reward == 0.0 for c in victim.completions)
+    assert not any(c.HasField("claimed_reward") for c in own.completions)
 
 
 def test_resealed_copy_verifies_under_the_attackers_key():
@@ -168,11 +168,11 @@ def test_random_tokens_bundle_is_structurally_valid_and_consistent():
     lease = _lease()
     b = mutations.random_tokens_bundle(lease, "a" * 32, CARD, [1, 2], "p",
                                        decode=lambda ids: " ".join(map(str, ids)),
-                                       score=lambda t: 0.25, rng=random.Random(0))
+                                       rng=random.Random(0))
     check_structure(b, BundleLimits(G, 8, VOCAB))
     for c in b.completions:
         assert c.text == " ".join(map(str, c.token_ids))
-        assert c.claimed_reward == 0.25
+        assert not c.HasField("claimed_reward")
         assert all(lp == pytest.approx(-math.log(VOCAB)) for lp in c.logprobs)
 
 
@@ -221,11 +221,11 @@ def _node(cls, tiny_policy=None, **attrs):
     return node
 
 
-def test_text_mismatch_node_uses_the_leased_answer():
+def test_text_mismatch_node_writes_a_guessed_answer():
     node = _node(TextMismatchNode)
-    out = node.mutate(_bundle(), _lease(answer="3"), [1], "p")
-    assert all("<answer>3</answer>" in c.text and c.claimed_reward == 1.0
-               for c in out.completions)
+    out = node.mutate(_bundle(), _lease(), [1], "p")
+    assert all(c.text == f"The final answer is <answer>{TextMismatchNode.GUESS}</answer>"
+               and c.claimed_reward == 1.0 for c in out.completions)
 
 
 def test_fabricated_prompt_node_tokenizes_another_question(tiny_policy_factory):
@@ -278,6 +278,9 @@ def test_false_reporter_reports_every_sender_it_heard_from(tmp_path):
         def drain_rejections(self):
             from collections import Counter
             return Counter(), Counter()
+
+        def drain_rejected_ids(self):
+            return {}
 
     class Learner:
         sender_stats = {}

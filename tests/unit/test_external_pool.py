@@ -71,6 +71,10 @@ def test_pool_checks_text_against_tokens_and_counts_per_sender():
     invalid, mismatched = pool.drain_rejections()
     assert mismatched == {peer.node_id: 1} and invalid == {peer.node_id: 1}
     assert pool.drain_rejections() == ({}, {})
+    # feedback names the rejected bundles (the coordinator counts only relayed ones)
+    assert pool.drain_rejected_ids() == {peer.node_id: [lying.bundle_id,
+                                                         _relayed(peer, 3).bundle_id]}
+    assert pool.drain_rejected_ids() == {}
 
 
 def test_sampling_follows_sender_reputation():

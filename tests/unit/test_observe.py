@@ -49,7 +49,8 @@ def test_admin_message_has_every_reputation_field() -> None:
                               probation_threshold=0.4, feedback_weight=0.7,
                               log_ratio_tolerance=2.0, auto_ban_on_proof=False,
                               feedback_cap=3.0, filtered_frac_limit=0.25,
-                              corroborating_reporters=4)
+                              corroborating_reporters=4, corroborated_cap=6.0,
+                              reporter_maturity_s=60.0)
     message = convert.reputation_config(custom)
     assert convert.reputation_config_from_proto(message, ReputationConfig()) == custom
     # fields left unset keep the base's values

@@ -94,7 +94,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def coord(clock):
-    return make_coordinator(clock, reputation={"half_life_s": 3600})
+    return make_coordinator(clock, reputation={"half_life_s": 3600, "reporter_maturity_s": 0})
 
 
 def _submit(coord, node, n: int = 1, **kwargs) -> list:
@@ -200,59 +200,165 @@ def _report(coord, reporter, *feedback) -> None:
     coord.report_metrics(reporter.node_id, 1, {"loss": 0.1}, list(feedback))
 
 
+def _pull_all(coord, reader) -> None:
+    """The reader is served every relayable bundle (feedback counts only for those)."""
+    cursor = 0
+    while True:
+        page, cursor = coord.pull_bundles(reader.node_id, cursor, 64)
+        if len(page) < 64:
+            return
+
+
+def _fresh(coord, sender, readers, n: int = 1) -> list[str]:
+    """``n`` new verified bundles of ``sender``, relayed to every reader: their ids."""
+    ids = [r.bundle_id for r in _submit(coord, sender, n)]
+    for reader in readers:
+        _pull_all(coord, reader)
+    return ids
+
+
+def _feedback_rows(coord, node) -> list:
+    return [e for e in coord.evidence(node.node_id, 1000) if e.kind == "feedback"]
+
+
 def test_feedback_is_weighted_by_the_reporter(coord) -> None:
     sender, reporter = register(coord), register(coord)
-    (record,) = _submit(coord, sender)
-    _submit(coord, reporter, 3)  # reporter score 0.8
-    _report(coord, reporter, _feedback(sender, [record.bundle_id], mean_log_ratio=0.1))
-    (event, _) = coord.evidence(sender.node_id)
-    assert event.kind == "feedback" and event.weight == pytest.approx(0.5 * 0.8)
-    assert event.reporter_node_id == reporter.node_id and event.bundle_id == record.bundle_id
+    _submit(coord, reporter, 5)  # past probation: score 6/7
+    b1, b2 = _fresh(coord, sender, [reporter], 2)
+    _report(coord, reporter, _feedback(sender, [b1], mean_log_ratio=0.1))
+    (event, _, _) = coord.evidence(sender.node_id)
+    assert event.kind == "feedback" and event.weight == pytest.approx(0.5 * 6 / 7)
+    assert event.reporter_node_id == reporter.node_id and event.bundle_id == b1
+    _report(coord, reporter, _feedback(sender, [b2], mean_log_ratio=2.0))
+    assert coord.evidence(sender.node_id)[0].weight == pytest.approx(-0.5 * 6 / 7)
+    # each bundle counts once per reporter; an entry naming no bundle counts nothing
+    _report(coord, reporter, _feedback(sender, [b1, b2], mean_log_ratio=2.0))
     _report(coord, reporter, _feedback(sender, mean_log_ratio=2.0))
-    assert coord.evidence(sender.node_id)[0].weight == pytest.approx(-0.4)
+    assert len(_feedback_rows(coord, sender)) == 2
+
+
+def test_fresh_identities_move_nobody_and_write_nothing(coord) -> None:
+    """Issue 13, class 3: reporters on probation carry no weight (two fresh sybils drove
+    an honest node from E = 0.875 to 0.121 before)."""
+    honest = register(coord)
+    sybils = [register(coord), register(coord)]
+    _submit(coord, sybils[1], 4)  # one short of probation_bundles
+    ids = _fresh(coord, honest, sybils, 6)
+    before = coord.state.get_node(honest.node_id).standing
+    for sybil in sybils:
+        for _ in range(2):
+            _report(coord, sybil, *[_feedback(honest, [b], invalid_bundles=1, filtered_frac=1.0)
+                                    for b in ids])
+    assert coord.state.get_node(honest.node_id).standing == before
+    assert _feedback_rows(coord, honest) == []
+    assert coord.state.reported_bundles(sybils[1].node_id, ids) == set()
+    # a reporter that completes probation may report the same bundles once
+    _submit(coord, sybils[1], 1)
+    _report(coord, sybils[1], _feedback(honest, ids[:1], invalid_bundles=1))
+    assert len(_feedback_rows(coord, honest)) == 1
+    assert coord.state.reported_bundles(sybils[1].node_id, ids) == {ids[0]}
+
+
+def test_only_bundles_relayed_to_the_reporter_count(coord) -> None:
+    sender, reporter = register(coord), register(coord)
+    _submit(coord, reporter, 5)
+    (unseen,) = [r.bundle_id for r in _submit(coord, sender, 1)]
+    _report(coord, reporter, _feedback(sender, [unseen], mean_log_ratio=3.0))
+    assert _feedback_rows(coord, sender) == []
+    _pull_all(coord, reporter)
+    _report(coord, reporter, _feedback(sender, [unseen], mean_log_ratio=3.0))
+    assert [e.weight for e in _feedback_rows(coord, sender)] == [pytest.approx(-0.5 * 6 / 7)]
+
+
+def test_reporter_weight_grows_with_age(clock) -> None:
+    coord = make_coordinator(clock, reputation={"half_life_s": 3600,
+                                                "reporter_maturity_s": 1800})
+    sender, reporter = register(coord), register(coord)
+    _submit(coord, reporter, 5)
+    b1, b2 = _fresh(coord, sender, [reporter], 2)
+    _report(coord, reporter, _feedback(sender, [b1], mean_log_ratio=3.0))  # age 0: no weight
+    assert _feedback_rows(coord, sender) == []
+    clock.advance(900)
+    _report(coord, reporter, _feedback(sender, [b2], mean_log_ratio=3.0))
+    good = 5 * 0.5 ** (900 / 3600)  # the reporter's evidence decayed by a quarter half-life
+    expected = -0.5 * (good + 1) / (good + 2) * (900 / 1800)
+    assert [e.weight for e in _feedback_rows(coord, sender)] == [pytest.approx(expected)]
+
+
+def test_report_metrics_has_a_quota(clock) -> None:
+    coord = make_coordinator(clock, reports_per_minute=3)
+    reporter = register(coord)
+    for _ in range(3):
+        _report(coord, reporter)
+    with pytest.raises(FtisError) as info:
+        _report(coord, reporter)
+    assert info.value.code == ErrorCode.RATE_LIMITED
+    clock.advance(20)  # one more report per 20 s
+    _report(coord, reporter)
 
 
 def test_one_false_reporter_cannot_sink_a_node_with_history(coord, clock) -> None:
     honest, liar, reader = register(coord), register(coord), register(coord)
     _submit(coord, honest, 5)  # past probation, E = 6/7
     _submit(coord, liar, 5)
-    for _ in range(100):
-        _report(coord, liar, _feedback(honest, invalid_bundles=3, filtered_frac=1.0))
+    for _ in range(12):
+        (b,) = _fresh(coord, honest, [liar])
+        _report(coord, liar, _feedback(honest, [b], invalid_bundles=3, filtered_frac=1.0))
     node = coord.state.get_node(honest.node_id)
     assert node.rep_bad == pytest.approx(2.0)  # feedback_cap per half-life
     assert not node.quarantined and _score(coord, honest) > 0.6
     assert honest.node_id in _relayed_senders(coord, reader)
-    capped = coord.evidence(honest.node_id)[0]
-    assert capped.weight == 0.0 and "capped" in capped.detail
+    rows = _feedback_rows(coord, honest)  # 0.5 x 6/7 each: the 5th is cut, then no rows
+    assert len(rows) == 5 and "capped" in rows[0].detail
     clock.advance(3601)  # a new half-life window: the reporter may weigh in again
-    _report(coord, liar, _feedback(honest, invalid_bundles=1))
+    (b,) = _fresh(coord, honest, [liar])
+    _report(coord, liar, _feedback(honest, [b], invalid_bundles=1))
     assert coord.evidence(honest.node_id)[0].weight < 0
 
 
-def test_corroborated_negative_feedback_is_not_capped(coord) -> None:
+def test_corroborated_negative_feedback_has_a_larger_cap(coord) -> None:
     """A log-prob forger keeps earning +1 per verified bundle; one receiver's reports are
-    capped at 2, but when two receivers independently report it, the cap is lifted."""
+    capped at 2, but when two established receivers report it, its bundles earn nothing
+    and their cap rises to ``corroborated_cap`` (10), enough to quarantine it."""
     forger, a, b = register(coord), register(coord), register(coord)
-    _submit(coord, forger, 6)  # E = 7/8 after 6 verified bundles
     for r in (a, b):
         _submit(coord, r, 5)  # reporters past probation, E = 6/7
-    for _ in range(10):
-        _report(coord, a, _feedback(forger, mean_log_ratio=4.0))
+    first = _fresh(coord, forger, [a, b], 6)  # E = 7/8 after 6 verified bundles
+    for bundle_id in first[:5]:
+        _report(coord, a, _feedback(forger, [bundle_id], mean_log_ratio=4.0))
     assert coord.state.get_node(forger.node_id).rep_bad == pytest.approx(2.0)  # capped
     assert not coord.state.get_node(forger.node_id).quarantined
-    _report(coord, b, _feedback(forger, mean_log_ratio=4.0))
+    _report(coord, b, _feedback(forger, first[:1], mean_log_ratio=4.0))
     # while disputed, its verified bundles earn no credit (it cannot outpace the reports)
     good = coord.state.get_node(forger.node_id).rep_good
-    _submit(coord, forger, 3)
-    assert coord.state.get_node(forger.node_id).rep_good == pytest.approx(good)
-    for _ in range(20):
-        _report(coord, b, _feedback(forger, mean_log_ratio=4.0))
-        _report(coord, a, _feedback(forger, mean_log_ratio=4.0))
+    for _ in range(22):
+        fresh = _fresh(coord, forger, [a, b])
+        _report(coord, b, _feedback(forger, fresh, mean_log_ratio=4.0))
+        _report(coord, a, _feedback(forger, fresh, mean_log_ratio=4.0))
     node = coord.state.get_node(forger.node_id)
-    assert node.rep_bad > 15 and node.quarantined
-    assert "corroborated" in coord.evidence(forger.node_id)[0].detail
+    assert node.rep_good == pytest.approx(good)
+    assert node.quarantined
+    # finite: each reporter at most corroborated_cap (10) per half-life
+    assert 15 < node.rep_bad <= 20 + 1e-9
+    assert any("corroborated" in e.detail for e in _feedback_rows(coord, forger))
     # the reporters themselves are untouched
     assert not coord.state.get_node(a.node_id).quarantined
+
+
+def test_praise_cannot_lift_a_quarantine(coord) -> None:
+    """Two established reporters praising a quarantined reward liar change nothing
+    (before, two sybils lifted one back into relay)."""
+    liar, a, b = register(coord), register(coord), register(coord)
+    for r in (a, b):
+        _submit(coord, r, 5)
+    ids = _fresh(coord, liar, [a, b], 2)
+    _submit(coord, liar, 2, claimed=[1.0, 1.0])  # wrong claims: quarantined
+    node = coord.state.get_node(liar.node_id)
+    assert node.quarantined
+    for r in (a, b):
+        _report(coord, r, *[_feedback(liar, [i], mean_log_ratio=0.0) for i in ids])
+    assert coord.state.get_node(liar.node_id).standing == node.standing
+    assert liar.node_id not in _relayed_senders(coord, a)
 
 
 @pytest.mark.parametrize("case", ["unknown", "self", "no-bundle", "foreign", "nan", "inf",
@@ -262,7 +368,9 @@ def test_invalid_feedback_entry_is_dropped_and_charged_the_rest_applied(coord, c
     with its reason, the reporter is charged -1 once, and the valid entries and the
     metrics are applied."""
     sender, other, reporter = register(coord), register(coord), register(coord)
-    (theirs,) = _submit(coord, other)
+    _submit(coord, reporter, 5)  # an established reporter
+    theirs, second = _submit(coord, other, 2)
+    _pull_all(coord, reporter)
     bad = {
         "unknown": _feedback(NodeIdentity.generate()),
         "self": _feedback(reporter),
@@ -274,10 +382,10 @@ def test_invalid_feedback_entry_is_dropped_and_charged_the_rest_applied(coord, c
         "fraction": _feedback(sender, filtered_frac=1.5),
         "many-ids": _feedback(sender, [theirs.bundle_id] * 65),
     }[case]
-    good = _feedback(other, [theirs.bundle_id], mean_log_ratio=0.1)
-    dropped = coord.report_metrics(reporter.node_id, 1, {"loss": 0.1}, [good, bad, good])
+    good = [_feedback(other, [r.bundle_id], mean_log_ratio=0.1) for r in (theirs, second)]
+    dropped = coord.report_metrics(reporter.node_id, 1, {"loss": 0.1}, [good[0], bad, good[1]])
     assert [d.index for d in dropped] == [1] and dropped[0].reason.startswith("feedback 1 ")
-    (event,) = coord.evidence(reporter.node_id)
+    (event,) = [e for e in coord.evidence(reporter.node_id) if e.kind != "bundle_verified"]
     assert (event.kind, event.weight) == ("feedback_invalid", -1.0)
     assert "1 of 3 entries dropped" in event.detail
     assert coord.evidence(sender.node_id) == []
@@ -314,11 +422,13 @@ def test_false_text_mismatch_report_is_charged_and_ignored(clock) -> None:
 
 def test_text_mismatch_report_counts_when_the_coordinator_could_not_check(coord) -> None:
     sender, reporter = register(coord), register(coord)  # no tokenizer: text unverified
+    _submit(coord, reporter, 5)
     (record,) = _submit(coord, sender)
+    _pull_all(coord, reporter)
     assert not record.text_verified
     _report(coord, reporter, _feedback(sender, [record.bundle_id], text_mismatches=1))
-    assert coord.evidence(sender.node_id)[0].weight == pytest.approx(-0.25)
-    assert coord.evidence(reporter.node_id) == []
+    assert coord.evidence(sender.node_id)[0].weight == pytest.approx(-0.5 * 6 / 7)
+    assert {e.kind for e in coord.evidence(reporter.node_id)} == {"bundle_verified"}
 
 
 # -- admin, unban, persistence ---------------------------------------------------------------

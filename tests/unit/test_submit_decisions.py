@@ -77,23 +77,69 @@ def test_feedback_weights_are_scaled_by_the_reporter_and_capped_within_the_repor
     views = [SenderView(False, used_positive=1.8), SenderView(False),
              SenderView(False, used_positive=1.8)]
     out = reputation.feedback_evidence("r", reporter, [good, bad, good], views, NOW, CFG)
-    assert [n for n, _ in out] == ["s1", "s2", "s1"]
+    # the third entry comes out weightless (the first used the room): no evidence row
+    assert [n for n, _ in out] == ["s1", "s2"]
     assert out[0][1].weight == pytest.approx(0.2)      # room 2.0 - 1.8
     assert out[1][1].weight == pytest.approx(-0.4375)
-    assert out[2][1].weight == 0.0                     # the first entry used the room
     assert all(e.reporter_node_id == "r" for _, e in out)
 
 
-def test_corroborated_negative_feedback_is_not_capped():
+def test_corroborated_negative_feedback_has_the_larger_but_finite_cap():
     reporter = Standing(0.0, 0.0, NOW)  # score 0.5 -> weight 0.25
     entry = FeedbackEntry("s", filtered_frac=0.9)
     alone = reputation.feedback_evidence("r", reporter, [entry],
                                          [SenderView(False, used_negative=2.0)], NOW, CFG)
+    q = frozenset({"q"})
     agreed = reputation.feedback_evidence(
-        "r", reporter, [entry],
-        [SenderView(False, used_negative=2.0, negative_reporters=frozenset({"q"}))], NOW, CFG)
-    assert alone[0][1].weight == 0.0
+        "r", reporter, [entry], [SenderView(False, used_negative=2.0, negative_reporters=q)],
+        NOW, CFG)
+    near_cap = reputation.feedback_evidence(
+        "r", reporter, [entry], [SenderView(False, used_negative=9.9, negative_reporters=q)],
+        NOW, CFG)
+    at_cap = reputation.feedback_evidence(
+        "r", reporter, [entry], [SenderView(False, used_negative=10.0, negative_reporters=q)],
+        NOW, CFG)
+    assert alone == []  # capped at 2.0: weightless, no row
     assert agreed[0][1].weight == pytest.approx(-0.25)
+    assert near_cap[0][1].weight == pytest.approx(-0.1)  # corroborated_cap 10 - 9.9
+    assert at_cap == []
+
+
+def test_reporter_factor_is_zero_on_probation_or_quarantine_then_grows_with_age():
+    cfg = ReputationConfig(probation_bundles=5, reporter_maturity_s=1800.0)
+    fresh = Standing(0.0, 0.0, NOW)
+    registered = NOW - 900_000  # 900 s old
+    assert reputation.reporter_factor(fresh, 4, registered, NOW, cfg) == 0.0  # probation
+    assert reputation.reporter_factor(fresh, 5, registered, NOW, cfg) == pytest.approx(0.5)
+    assert reputation.reporter_factor(fresh, 5, NOW - 3_600_000, NOW, cfg) == 1.0
+    assert reputation.reporter_factor(fresh, 5, NOW, NOW, cfg) == 0.0  # age 0
+    jailed = Standing(0.0, 9.0, NOW, quarantined=True)
+    assert reputation.reporter_factor(jailed, 50, NOW - 3_600_000, NOW, cfg) == 0.0
+    instant = ReputationConfig(reporter_maturity_s=0.0)
+    assert reputation.reporter_factor(fresh, 5, NOW, NOW, instant) == 1.0
+
+
+def test_factor_scales_the_weight_and_zero_factor_writes_nothing():
+    reporter = Standing(6.0, 0.0, NOW)  # score 0.875 -> 0.4375
+    entry = FeedbackEntry("s", mean_log_ratio=3.0)
+    half = reputation.feedback_evidence("r", reporter, [entry], [SenderView(False)], NOW, CFG,
+                                        factor=0.5)
+    assert half[0][1].weight == pytest.approx(-0.21875)
+    assert reputation.feedback_evidence("r", reporter, [entry], [SenderView(False)], NOW, CFG,
+                                        factor=0.0) == []
+
+
+def test_entries_without_counted_bundles_or_praising_a_quarantined_sender_carry_no_weight():
+    reporter = Standing(6.0, 0.0, NOW)
+    praise = FeedbackEntry("s", mean_log_ratio=0.1)
+    blame = FeedbackEntry("s", mean_log_ratio=3.0)
+    none_counted = SenderView(False, counted_bundles=0)
+    jailed = SenderView(False, sender_quarantined=True)
+    assert reputation.feedback_evidence("r", reporter, [praise, blame],
+                                        [none_counted, none_counted], NOW, CFG) == []
+    out = reputation.feedback_evidence("r", reporter, [praise, blame], [jailed, jailed],
+                                       NOW, CFG)
+    assert [(n, e.weight) for n, e in out] == [("s", pytest.approx(-0.4375))]
 
 
 def test_false_text_report_charges_the_reporter_and_lowers_its_later_weights():

@@ -88,6 +88,7 @@ class CoordinatorConfig(BaseSettings):
         tokenizer_cache_size: loaded tokenizers kept in memory (LRU).
         bundles_per_minute, bundle_bytes_per_minute: SubmitBundle quota per node.
         pulls_per_minute: PullBundles quota per node.
+        reports_per_minute: ReportMetrics quota per node.
         tokenizer_uploads_per_minute: UploadTokenizer quota per node.
         registrations_per_minute: new node ids accepted per minute, all peers together.
         registrations_per_host_per_minute: new node ids per minute from one peer host.
@@ -124,6 +125,7 @@ class CoordinatorConfig(BaseSettings):
     bundles_per_minute: float = Field(default=120, gt=0)
     bundle_bytes_per_minute: int = Field(default=64 * MIB, ge=1024)
     pulls_per_minute: float = Field(default=600, gt=0)
+    reports_per_minute: float = Field(default=60, gt=0)
     tokenizer_uploads_per_minute: float = Field(default=4, gt=0)
     registrations_per_minute: float = Field(default=30, gt=0)
     registrations_per_host_per_minute: float = Field(default=10, gt=0)

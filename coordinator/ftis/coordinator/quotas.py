@@ -11,6 +11,8 @@ Limits (all in :class:`~ftis.coordinator.config.CoordinatorConfig`):
   checked right after the envelope signature verified and the sender is known, before
   the lease/structure/tokenizer/re-scoring checks → RATE_LIMITED;
 * PullBundles: ``pulls_per_minute`` per node → RATE_LIMITED;
+* ReportMetrics: ``reports_per_minute`` per node → RATE_LIMITED (each report may write
+  up to 64 evidence rows);
 * UploadTokenizer: ``tokenizer_uploads_per_minute`` per node → RATE_LIMITED;
 * Register of a NEW node id: ``registrations_per_minute`` globally and
   ``registrations_per_host_per_minute`` per peer host (IPv6 peers grouped by /64)
@@ -130,7 +132,8 @@ class Quotas:
     database instead, so that they hold across worker processes: ``verify.check_quota``).
 
     Args:
-        pulls_per_minute, tokenizer_uploads_per_minute: per-node limits.
+        pulls_per_minute, tokenizer_uploads_per_minute, reports_per_minute: per-node
+            limits.
         registrations_per_minute, registrations_per_host_per_minute: new node ids.
         clock: seconds.
     """
@@ -142,15 +145,20 @@ class Quotas:
         tokenizer_uploads_per_minute: float,
         registrations_per_minute: float,
         registrations_per_host_per_minute: float,
+        reports_per_minute: float = 60.0,
         clock: Seconds = time.monotonic,
     ) -> None:
         self.pulls = RateLimiter(pulls_per_minute, clock=clock)
         self.tokenizer_uploads = RateLimiter(tokenizer_uploads_per_minute, clock=clock)
         self.registrations = RateLimiter(registrations_per_minute, clock=clock)
         self.registrations_per_host = RateLimiter(registrations_per_host_per_minute, clock=clock)
+        self.reports = RateLimiter(reports_per_minute, clock=clock)
 
     def admit_pull(self, node_id: str) -> bool:
         return self.pulls.try_take(node_id)
+
+    def admit_report(self, node_id: str) -> bool:
+        return self.reports.try_take(node_id)
 
     def admit_tokenizer_upload(self, node_id: str) -> bool:
         return self.tokenizer_uploads.try_take(node_id)

@@ -87,9 +87,16 @@ class ReputationConfig:
         feedback_cap: most feedback weight (per direction) one reporter can put on one
             sender within one half-life.
         filtered_frac_limit: a report with ``filtered_frac`` above this is negative.
-        corroborating_reporters: when at least this many distinct reporters have made
-            negative reports on a sender within one half-life, their negative reports
-            on it are no longer capped (one false reporter still cannot do it; 0 = never).
+        corroborating_reporters: when at least this many distinct established reporters
+            have made negative reports on a sender within one half-life, their negative
+            reports on it are capped at ``corroborated_cap`` instead of ``feedback_cap``
+            (one false reporter still cannot do it; 0 = never).
+        corroborated_cap: the per-reporter, per-half-life cap of corroborated negative
+            feedback (>= ``feedback_cap``), so k established reporters can move a
+            sender by at most ``k x corroborated_cap`` per half-life.
+        reporter_maturity_s: a reporter's feedback weight grows linearly with its age
+            (seconds since registration) up to full weight at this age; a reporter on
+            probation or quarantined has weight 0 (docs/reputation.md "Who may report").
     """
 
     quarantine_threshold: float = 0.3
@@ -102,6 +109,8 @@ class ReputationConfig:
     feedback_cap: float = 2.0
     filtered_frac_limit: float = 0.5
     corroborating_reporters: int = 2
+    corroborated_cap: float = 10.0
+    reporter_maturity_s: float = 1800.0
 
     def __post_init__(self) -> None:
         problems = validate(self)
@@ -145,6 +154,10 @@ def validate(cfg: ReputationConfig) -> list[str]:
         problems.append("corroborating_reporters must be 0 (off) or >= 2")
     if not (math.isfinite(cfg.feedback_cap) and cfg.feedback_cap >= 0):
         problems.append(f"feedback_cap must be >= 0, got {cfg.feedback_cap}")
+    if not (math.isfinite(cfg.corroborated_cap) and cfg.corroborated_cap >= cfg.feedback_cap):
+        problems.append(f"corroborated_cap must be >= feedback_cap, got {cfg.corroborated_cap}")
+    if not (math.isfinite(cfg.reporter_maturity_s) and cfg.reporter_maturity_s >= 0):
+        problems.append(f"reporter_maturity_s must be >= 0, got {cfg.reporter_maturity_s}")
     return problems
 
 
@@ -293,10 +306,32 @@ def feedback_weight(negative: bool, reporter_score: float, cfg: ReputationConfig
     return -magnitude if negative else magnitude
 
 
-def capped(weight: float, already_used: float, cfg: ReputationConfig) -> float:
-    """Clip ``weight`` so that ``|weight| + already_used <= feedback_cap`` (same sign)."""
-    room = max(0.0, cfg.feedback_cap - already_used)
+def capped(weight: float, already_used: float, cfg: ReputationConfig,
+           corroborated: bool = False) -> float:
+    """Clip ``weight`` so that ``|weight| + already_used <= cap`` (same sign), where the
+    cap is ``corroborated_cap`` for corroborated negative feedback, else ``feedback_cap``."""
+    cap = cfg.corroborated_cap if corroborated else cfg.feedback_cap
+    room = max(0.0, cap - already_used)
     return math.copysign(min(abs(weight), room), weight) if weight else 0.0
+
+
+def reporter_factor(reporter: Standing, verified_bundles: int, registered_at_ms: int,
+                    now_ms: int, cfg: ReputationConfig) -> float:
+    """How much a reporter's feedback counts, in [0, 1] (docs/reputation.md "Who may
+    report").
+
+    0 while the reporter is on probation (fewer than ``probation_bundles`` verified
+    bundles of its own) or quarantined, so fresh identities move nobody; otherwise
+    ``min(1, age / reporter_maturity_s)`` with ``age = now - registered_at`` (a
+    maturity of 0 means full weight at once). The reporter's score multiplies it in
+    :func:`feedback_weight`.
+    """
+    if on_probation(verified_bundles, cfg) or reporter.quarantined:
+        return 0.0
+    if cfg.reporter_maturity_s <= 0:
+        return 1.0
+    age_s = max(now_ms - registered_at_ms, 0) / 1000.0
+    return min(1.0, age_s / cfg.reporter_maturity_s)
 
 
 # -- decisions on the submit path (pure; the bundles handler writes them) -------------
@@ -369,13 +404,21 @@ class SenderView:
         used_positive, used_negative: feedback weight (magnitudes) the reporter already
             put on this sender within one half-life.
         negative_reporters: distinct reporters with negative feedback on the sender
-            within one half-life.
+            within one half-life (only weighted feedback is stored, so these are
+            established reporters).
+        counted_bundles: the entry's bundle ids that count: the sender's, already
+            relayed to this reporter, and not reported by it before. An entry with none
+            carries no weight.
+        sender_quarantined: positive feedback on a quarantined sender carries no weight
+            (quarantine is left by the sender's own verified bundles only).
     """
 
     text_verified: bool
     used_positive: float = 0.0
     used_negative: float = 0.0
     negative_reporters: frozenset[str] = frozenset()
+    counted_bundles: int = 1
+    sender_quarantined: bool = False
 
 
 def feedback_evidence(
@@ -385,6 +428,7 @@ def feedback_evidence(
     views: list[SenderView],
     now_ms: int,
     cfg: ReputationConfig,
+    factor: float = 1.0,
 ) -> list[tuple[str, Evidence]]:
     """Receiver feedback -> ``(node_id, evidence)`` pairs, in report order
     (docs/reputation.md "Receiver feedback"); ``views[i]`` is what the coordinator knew
@@ -392,12 +436,16 @@ def feedback_evidence(
 
     Each entry is negative if it reports text mismatches or invalid bundles,
     ``|mean_log_ratio| > log_ratio_tolerance`` or ``filtered_frac > filtered_frac_limit``,
-    else positive; weight ``feedback_weight x reporter score``, capped per (reporter,
-    sender) and direction at ``feedback_cap`` within one half-life unless at least
-    ``corroborating_reporters`` distinct reporters agree. A claim of text mismatches on
-    bundles whose text the coordinator verified itself is a false report: -3 for the
-    reporter (its score drops for the rest of the report), the claim is ignored.
-    Weight already used by earlier entries of the same report counts towards the cap.
+    else positive; weight ``feedback_weight x reporter score x factor`` (``factor`` is
+    :func:`reporter_factor`), capped per (reporter, sender) and direction at
+    ``feedback_cap`` within one half-life, or at ``corroborated_cap`` when at least
+    ``corroborating_reporters`` distinct reporters agree on a negative. An entry with no
+    counted bundle, and a positive one about a quarantined sender, carries no weight.
+    A claim of text mismatches on bundles whose text the coordinator verified itself is
+    a false report: -3 for the reporter (its score drops for the rest of the report),
+    the claim is ignored. Weight already used by earlier entries of the same report
+    counts towards the cap. Entries whose weight comes out 0 produce no evidence (the
+    evidence table does not grow with weightless reports).
     """
     good, bad = decayed(reporter, now_ms, cfg.half_life_s)
     used: dict[tuple[str, bool], float] = {}
@@ -414,13 +462,16 @@ def feedback_evidence(
         negative = feedback_is_negative(
             text_mismatches=f.text_mismatches, invalid_bundles=f.invalid_bundles,
             mean_log_ratio=f.mean_log_ratio, filtered_frac=f.filtered_frac, cfg=cfg)
-        raw = feedback_weight(negative, score(good, bad), cfg)
+        counts = view.counted_bundles > 0 and not (view.sender_quarantined and not negative)
+        raw = feedback_weight(negative, score(good, bad), cfg) * factor if counts else 0.0
         corroborated = negative and disputed(
             len(view.negative_reporters | {reporter_id}), cfg)
         key = (f.sender_id, negative)
         before = used.get(key, 0.0) + (view.used_negative if negative else view.used_positive)
-        weight = raw if corroborated else capped(raw, before, cfg)
+        weight = capped(raw, before, cfg, corroborated)
         used[key] = used.get(key, 0.0) + abs(weight)
+        if weight == 0.0:
+            continue
         detail = (
             f"{'negative' if negative else 'positive'}: groups={f.groups} "
             f"tokens={f.tokens} mean_log_ratio={f.mean_log_ratio:.3f} "
@@ -430,7 +481,7 @@ def feedback_evidence(
         if weight != raw:
             detail += f" (capped from {raw:.3f})"
         if corroborated:
-            detail += " (corroborated by other reporters: not capped)"
+            detail += " (corroborated by other reporters: corroborated cap)"
         out.append((f.sender_id, Evidence(FEEDBACK, weight, detail,
                                           reporter_node_id=reporter_id,
                                           bundle_id=first_bundle)))

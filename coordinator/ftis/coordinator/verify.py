@@ -30,8 +30,24 @@ Bundle checks run in exactly this order, cheapest first; the first failure raise
    contains the leased question verbatim .......................... PROMPT_MISMATCH.
    Without an uploaded tokenizer: TOKENIZER_REQUIRED when ``require_tokenizer``, else
    the bundle is stored with ``text_verified = False``.
-8. re-score every completion with the shared scorer; claimed rewards that differ by
-   more than :data:`REWARD_TOLERANCE` are *counted*, not rejected.
+8. re-score every completion with the shared scorer; claimed rewards (optional: an
+   honest node cannot compute them, the answers never leave the coordinator) that differ
+   by more than :data:`REWARD_TOLERANCE` are *counted*, not rejected.
+
+Text checks are done only with the sender's own tokenizer (issue 13, class 2). Invariant:
+:func:`check_text` (whose TEXT_MISMATCH is a ban-grade proof, ``reputation.PROOF_CODES``)
+runs only with a tokenizer whose fingerprint equals the one the signing node registered
+in its model card, which the bundle's own card repeats (check 5), and which the
+coordinator itself accepted from an upload whose recomputed fingerprint matched
+(``tokenizer_store.check_upload``; :meth:`TokenizerCache.get
+<ftis.coordinator.tokenizer_store.TokenizerCache.get>` re-checks stored files). The
+bundles handler looks the tokenizer up by the registered fingerprint and passes both;
+:func:`check_submission` refuses (``RuntimeError``: an INTERNAL reply, nothing recorded,
+nobody charged) a tokenizer held under any other fingerprint. Since the fingerprint
+covers the decoder, normalizer, pre-tokenizer, post-processor, model and added tokens
+(:mod:`ftis.protocol.fingerprint`), the tokenizer used decodes exactly as the one the
+node itself uploaded or could upload: a TEXT_MISMATCH means the node's own tokenizer does
+not decode its ids to its text. No other path decodes a node's ids on the coordinator.
 
 Everything here is pure: :func:`open_bundle` needs only the envelope, and
 :func:`check_submission` one read snapshot of the state
@@ -263,7 +279,8 @@ def rescore(lease: LeaseRecord, bundle: bundle_pb2.Bundle) -> tuple[list[float],
 
     Returns:
         ``(verified_rewards, reward_mismatches)``: one reward in [0, 1] per completion,
-        and how many claimed rewards differ from it by more than 1e-6.
+        and how many claimed rewards differ from it by more than 1e-6 (completions
+        with no claim are not counted).
     """
     from ftis.tasks.scoring import MAX_SCORED_TEXT_CHARS
 
@@ -274,7 +291,8 @@ def rescore(lease: LeaseRecord, bundle: bundle_pb2.Bundle) -> tuple[list[float],
     mismatches = sum(
         1
         for c, r in zip(bundle.completions, rewards, strict=True)
-        if not abs(c.claimed_reward - r) <= REWARD_TOLERANCE  # NaN claims count too
+        if c.HasField("claimed_reward")
+        and not abs(c.claimed_reward - r) <= REWARD_TOLERANCE  # NaN claims count too
     )
     return rewards, mismatches
 
@@ -336,12 +354,16 @@ def check_submission(
     require_tokenizer: bool = False,
     quota: BundleQuota | None = None,
     tokenizer_id_bound: int | None = None,
+    tokenizer_fingerprint: str | None = None,
 ) -> VerifiedBundle:
     """Checks 3-8 of the module docstring on an opened envelope, against one read
     ``snapshot`` of the state. Pure: reads and writes nothing else.
 
     Args:
         tokenizer: the sender's uploaded tokenizer (text checks), or ``None``.
+        tokenizer_fingerprint: the fingerprint ``tokenizer`` was accepted under
+            (``TokenizerCache.get``'s key); required with ``tokenizer`` and must be the
+            sender's registered one (module docstring, "Invariant").
         require_tokenizer: TOKENIZER_REQUIRED when ``tokenizer`` is ``None``.
         quota: the per-minute submission quota (``None``: unlimited).
         tokenizer_id_bound: ``token_id_bound(tokenizer)`` if the caller has it
@@ -352,6 +374,9 @@ def check_submission(
         FtisError: the first failing check's code (see module docstring); for an
             identical resubmission (the payload is already stored) BUNDLE_REPLAYED
             before anything else: relayed envelopes are public, so it is charged to no one.
+        RuntimeError: ``tokenizer`` given without ``tokenizer_fingerprint`` or under a
+            fingerprint other than the sender's registered one (a coordinator bug: it is
+            never turned into a verdict against the sender).
     """
     bundle, sender_id = opened.bundle, opened.sender_id
     if snapshot.already_stored:
@@ -359,6 +384,11 @@ def check_submission(
                         f"bundle {opened.bundle_id[:16]} is already stored (identical "
                         "resubmission)")
     node = check_node_record(snapshot.node, sender_id)
+    if tokenizer is not None and tokenizer_fingerprint != node.fingerprint:
+        raise RuntimeError(
+            f"text check of node {node.node_id} asked with the tokenizer of fingerprint "
+            f"{(tokenizer_fingerprint or '(none)')[:16]}, registered "
+            f"{node.fingerprint[:16]}: refused")
     if quota is not None:
         check_quota(snapshot, len(opened.envelope_bytes), quota)
     check_canonical(bundle, opened.payload)

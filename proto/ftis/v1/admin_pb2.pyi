@@ -72,7 +72,7 @@ class Evidence(_message.Message):
     def __init__(self, at_ms: _Optional[int] = ..., kind: _Optional[str] = ..., weight: _Optional[float] = ..., detail: _Optional[str] = ..., reporter_node_id: _Optional[str] = ..., bundle_id: _Optional[str] = ...) -> None: ...
 
 class ReputationConfig(_message.Message):
-    __slots__ = ("quarantine_threshold", "half_life_s", "probation_bundles", "probation_threshold", "feedback_weight", "log_ratio_tolerance", "auto_ban_on_proof", "feedback_cap", "filtered_frac_limit", "corroborating_reporters")
+    __slots__ = ("quarantine_threshold", "half_life_s", "probation_bundles", "probation_threshold", "feedback_weight", "log_ratio_tolerance", "auto_ban_on_proof", "feedback_cap", "filtered_frac_limit", "corroborating_reporters", "corroborated_cap", "reporter_maturity_s")
     QUARANTINE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     HALF_LIFE_S_FIELD_NUMBER: _ClassVar[int]
     PROBATION_BUNDLES_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,8 @@ class ReputationConfig(_message.Message):
     FEEDBACK_CAP_FIELD_NUMBER: _ClassVar[int]
     FILTERED_FRAC_LIMIT_FIELD_NUMBER: _ClassVar[int]
     CORROBORATING_REPORTERS_FIELD_NUMBER: _ClassVar[int]
+    CORROBORATED_CAP_FIELD_NUMBER: _ClassVar[int]
+    REPORTER_MATURITY_S_FIELD_NUMBER: _ClassVar[int]
     quarantine_threshold: float
     half_life_s: float
     probation_bundles: int
@@ -93,7 +95,9 @@ class ReputationConfig(_message.Message):
     feedback_cap: float
     filtered_frac_limit: float
     corroborating_reporters: int
-    def __init__(self, quarantine_threshold: _Optional[float] = ..., half_life_s: _Optional[float] = ..., probation_bundles: _Optional[int] = ..., probation_threshold: _Optional[float] = ..., feedback_weight: _Optional[float] = ..., log_ratio_tolerance: _Optional[float] = ..., auto_ban_on_proof: _Optional[bool] = ..., feedback_cap: _Optional[float] = ..., filtered_frac_limit: _Optional[float] = ..., corroborating_reporters: _Optional[int] = ...) -> None: ...
+    corroborated_cap: float
+    reporter_maturity_s: float
+    def __init__(self, quarantine_threshold: _Optional[float] = ..., half_life_s: _Optional[float] = ..., probation_bundles: _Optional[int] = ..., probation_threshold: _Optional[float] = ..., feedback_weight: _Optional[float] = ..., log_ratio_tolerance: _Optional[float] = ..., auto_ban_on_proof: _Optional[bool] = ..., feedback_cap: _Optional[float] = ..., filtered_frac_limit: _Optional[float] = ..., corroborating_reporters: _Optional[int] = ..., corroborated_cap: _Optional[float] = ..., reporter_maturity_s: _Optional[float] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

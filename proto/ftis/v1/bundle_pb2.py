@@ -24,23 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66tis/v1/bundle.proto\x12\x07\x66tis.v1\"\xc1\x01\n\tModelCard\x12\x12\n\nbase_model\x18\x01 \x01(\t\x12\x17\n\x0fparameter_count\x18\x02 \x01(\x03\x12\x0c\n\x04peft\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x14\n\x0cquantization\x18\x05 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x06 \x01(\t\x12\x12\n\nvocab_size\x18\x07 \x01(\x03\x12!\n\x19trainable_parameter_count\x18\x08 \x01(\x03\"[\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\"\x85\x01\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x16\n\x0e\x63laimed_reward\x18\x04 \x01(\x02\x12,\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x15.ftis.v1.FinishReason\"\x97\x02\n\x06\x42undle\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12&\n\nmodel_card\x18\x04 \x01(\x0b\x32\x12.ftis.v1.ModelCard\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12)\n\x08sampling\x18\x06 \x01(\x0b\x32\x17.ftis.v1.SamplingParams\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\x12\x13\n\x0bprompt_text\x18\x08 \x01(\t\x12(\n\x0b\x63ompletions\x18\t \x03(\x0b\x32\x13.ftis.v1.Completion\x12\x15\n\rcreated_at_ms\x18\n \x01(\x03\"^\n\x0eSignedEnvelope\x12\x14\n\x0cpayload_type\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66tis/v1/bundle.proto\x12\x07\x66tis.v1\"\xc1\x01\n\tModelCard\x12\x12\n\nbase_model\x18\x01 \x01(\t\x12\x17\n\x0fparameter_count\x18\x02 \x01(\x03\x12\x0c\n\x04peft\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x14\n\x0cquantization\x18\x05 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x06 \x01(\t\x12\x12\n\nvocab_size\x18\x07 \x01(\x03\x12!\n\x19trainable_parameter_count\x18\x08 \x01(\x03\"[\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\"\x9d\x01\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x1b\n\x0e\x63laimed_reward\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12,\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x15.ftis.v1.FinishReasonB\x11\n\x0f_claimed_reward\"\x97\x02\n\x06\x42undle\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12&\n\nmodel_card\x18\x04 \x01(\x0b\x32\x12.ftis.v1.ModelCard\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12)\n\x08sampling\x18\x06 \x01(\x0b\x32\x17.ftis.v1.SamplingParams\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\x12\x13\n\x0bprompt_text\x18\x08 \x01(\t\x12(\n\x0b\x63ompletions\x18\t \x03(\x0b\x32\x13.ftis.v1.Completion\x12\x15\n\rcreated_at_ms\x18\n \x01(\x03\"^\n\x0eSignedEnvelope\x12\x14\n\x0cpayload_type\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ftis.v1.bundle_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=836
-  _globals['_FINISHREASON']._serialized_end=931
+  _globals['_FINISHREASON']._serialized_start=860
+  _globals['_FINISHREASON']._serialized_end=955
   _globals['_MODELCARD']._serialized_start=34
   _globals['_MODELCARD']._serialized_end=227
   _globals['_SAMPLINGPARAMS']._serialized_start=229
   _globals['_SAMPLINGPARAMS']._serialized_end=320
   _globals['_COMPLETION']._serialized_start=323
-  _globals['_COMPLETION']._serialized_end=456
-  _globals['_BUNDLE']._serialized_start=459
-  _globals['_BUNDLE']._serialized_end=738
-  _globals['_SIGNEDENVELOPE']._serialized_start=740
-  _globals['_SIGNEDENVELOPE']._serialized_end=834
+  _globals['_COMPLETION']._serialized_end=480
+  _globals['_BUNDLE']._serialized_start=483
+  _globals['_BUNDLE']._serialized_end=762
+  _globals['_SIGNEDENVELOPE']._serialized_start=764
+  _globals['_SIGNEDENVELOPE']._serialized_end=858
 # @@protoc_insertion_point(module_scope)

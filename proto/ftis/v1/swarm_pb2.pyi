@@ -77,7 +77,7 @@ class LeaseTasksRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., count: _Optional[int] = ..., group_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., auth: _Optional[_Union[_common_pb2.RequestAuth, _Mapping]] = ...) -> None: ...
 
 class TaskLease(_message.Message):
-    __slots__ = ("lease_id", "task_id", "dataset", "messages", "question", "deadline_ms", "group_size", "max_new_tokens", "entry_json")
+    __slots__ = ("lease_id", "task_id", "dataset", "messages", "question", "deadline_ms", "group_size", "max_new_tokens")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -86,7 +86,6 @@ class TaskLease(_message.Message):
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    ENTRY_JSON_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     task_id: str
     dataset: str
@@ -95,8 +94,7 @@ class TaskLease(_message.Message):
     deadline_ms: int
     group_size: int
     max_new_tokens: int
-    entry_json: str
-    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., dataset: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., question: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., group_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., entry_json: _Optional[str] = ...) -> None: ...
+    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., dataset: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., question: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., group_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class LeaseTasksResponse(_message.Message):
     __slots__ = ("error", "leases")

@@ -57,20 +57,20 @@ def shift_logprobs(bundle: bundle_pb2.Bundle, nats: float = 5.0) -> bundle_pb2.B
     return out
 
 
-def correct_answer_text(answer: str) -> str:
+def answer_text(answer: str) -> str:
     """A completion text that every scorer reads as ``answer``."""
     return f"The final answer is <answer>{answer}</answer>"
 
 
 def replace_text(bundle: bundle_pb2.Bundle, text: str,
-                 score: Callable[[str], float] | None = None) -> bundle_pb2.Bundle:
-    """``text_mismatch``: keep the tokens, replace every completion's text by ``text`` and
-    claim the reward that text would earn (``score(text)``, default 1.0)."""
+                 claimed_reward: float = 1.0) -> bundle_pb2.Bundle:
+    """``text_mismatch``: keep the tokens, replace every completion's text by ``text`` (an
+    answer the attacker guessed or computed; the lease carries no answer) and claim
+    ``claimed_reward`` for it."""
     out = _copy(bundle)
-    reward = 1.0 if score is None else float(score(text))
     for c in out.completions:
         c.text = text
-        c.claimed_reward = reward
+        c.claimed_reward = claimed_reward
     return out
 
 
@@ -86,18 +86,16 @@ def fabricate_prompt(bundle: bundle_pb2.Bundle, prompt_ids: list[int],
 
 def copy_under_lease(stolen: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease, node_id: str,
                      card: bundle_pb2.ModelCard, policy_version: int, created_at_ms: int,
-                     prompt: tuple[list[int], str] | None = None,
-                     score: Callable[[str], float] | None = None) -> bundle_pb2.Bundle:
+                     prompt: tuple[list[int], str] | None = None) -> bundle_pb2.Bundle:
     """``replay``: another node's completions passed off under the attacker's own lease.
 
     Args:
         stolen: the victim's bundle (as relayed).
         prompt: ``(ids, text)`` to claim instead of the victim's prompt (the attacker's own
             rendering of the leased question), or ``None`` to copy the victim's verbatim.
-        score: reward of a text for the attacker's lease (claims stay self-consistent);
-            ``None`` keeps the victim's claims.
 
-    The group is cut or cycled to the lease's group size.
+    The group is cut or cycled to the lease's group size. Reward claims are dropped (the
+    attacker cannot score for its own lease: the answers stay on the coordinator).
     """
     out = _copy(stolen)
     out.task_id, out.lease_id, out.node_id = lease.task_id, lease.lease_id, node_id
@@ -114,8 +112,7 @@ def copy_under_lease(stolen: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease, node
     for c in comps:
         new = out.completions.add()
         new.CopyFrom(c)
-        if score is not None:
-            new.claimed_reward = float(score(c.text))
+        new.ClearField("claimed_reward")
     return out
 
 
@@ -148,10 +145,10 @@ def oversized_bundle(lease: swarm_pb2.TaskLease, node_id: str, card: bundle_pb2.
 
 def random_tokens_bundle(lease: swarm_pb2.TaskLease, node_id: str, card: bundle_pb2.ModelCard,
                          prompt_ids: list[int], prompt_text: str,
-                         decode: Callable[[list[int]], str], score: Callable[[str], float],
-                         rng: random.Random, low_token: int = 3) -> bundle_pb2.Bundle:
+                         decode: Callable[[list[int]], str], rng: random.Random,
+                         low_token: int = 3) -> bundle_pb2.Bundle:
     """``flooder``: a structurally valid bundle of uniformly random tokens (no model run),
-    log-probs ``-log(V)``, text = decode, honest claims. Cheap to make in bulk."""
+    log-probs ``-log(V)``, text = decode, no reward claims. Cheap to make in bulk."""
     import math
 
     vocab = int(card.vocab_size)
@@ -162,7 +159,7 @@ def random_tokens_bundle(lease: swarm_pb2.TaskLease, node_id: str, card: bundle_
         ids = [rng.randrange(low_token, vocab) for _ in range(n)]
         text = decode(ids)
         comps.append(bundle_pb2.Completion(
-            token_ids=ids, logprobs=[lp] * n, text=text, claimed_reward=score(text),
+            token_ids=ids, logprobs=[lp] * n, text=text,
             finish_reason=bundle_pb2.FINISH_REASON_LENGTH))
     return bundle_pb2.Bundle(
         task_id=lease.task_id, lease_id=lease.lease_id, node_id=node_id, model_card=card,

@@ -28,7 +28,7 @@ from ftis.protocol.bundles import MAX_BUNDLE_BYTES, MAX_GRPC_MESSAGE_BYTES
 from ftis.protocol.envelope import open_envelope, seal
 from ftis.protocol.errors import ErrorCode, FtisError, code_name
 from ftis.protocol.identity import NodeIdentity
-from ftis.tasks import TaskEntry, render_messages
+from ftis.tasks import render_messages
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
@@ -120,12 +120,6 @@ class AttackNode(VolunteerNode):
         code, _, beat = call_code(self.conn.heartbeat, self.round)
         return bool(beat.quarantined) if code == 0 else None
 
-    def entry(self, lease: swarm_pb2.TaskLease) -> dict:
-        return TaskEntry.from_json(lease.entry_json).as_entry()
-
-    def scorer(self, lease: swarm_pb2.TaskLease) -> Any:
-        return TaskEntry.from_json(lease.entry_json).score
-
     def send(self, envelope: bundle_pb2.SignedEnvelope, variant: str, task_id: str = ""
              ) -> swarm_pb2.SubmitBundleResponse | None:
         """Submit ``envelope`` and log the outcome."""
@@ -198,13 +192,14 @@ class LogprobDeflateNode(AttackNode):
 
 
 class TextMismatchNode(AttackNode):
-    """Text replaced by a correct-answer string; tokens unchanged."""
+    """Text replaced by an answer string claiming reward 1; tokens unchanged. The lease
+    carries no answer, so the attacker writes a guess (``GUESS``)."""
 
     kind = "text_mismatch"
+    GUESS = "42"
 
     def mutate(self, bundle, lease, prompt_ids, prompt_text):  # noqa: ANN001
-        text = mutations.correct_answer_text(self.entry(lease)["answer"])
-        return mutations.replace_text(bundle, text, self.scorer(lease))
+        return mutations.replace_text(bundle, mutations.answer_text(self.GUESS))
 
 
 class FabricatedPromptNode(AttackNode):
@@ -278,7 +273,7 @@ class ReplayNode(AttackNode):
         prompt = (prompt_ids, prompt_text) if variant == "copy_own_prompt" else None
         return mutations.copy_under_lease(
             victim, lease, self.conn.node_id, self.policy.card, self.round,
-            int(time.time() * 1000), prompt=prompt, score=self.scorer(lease))
+            int(time.time() * 1000), prompt=prompt)
 
     def submit(self, bundle):  # noqa: ANN001
         earlier = self.accepted_envelopes[-self.REPLAY_OWN:]
@@ -378,8 +373,7 @@ class FlooderNode(AttackNode):
                         [{"role": m.role, "content": m.content} for m in lease.messages])
                 ids, text = prompt_cache[key]
                 bundles.append(mutations.random_tokens_bundle(
-                    lease, self.conn.node_id, pol.card, ids, text, pol.decode,
-                    self.scorer(lease), self.rng))
+                    lease, self.conn.node_id, pol.card, ids, text, pol.decode, self.rng))
             for b, (code, _, reply) in zip(bundles, self.flood_pool.map(
                     lambda b: call_code(self.conn.submit_bundle, b), bundles), strict=True):
                 submit_codes[code_label(code)] += 1
@@ -466,7 +460,7 @@ class GarbageNode(AttackNode):
             ids, text = pol.prompt_token_ids(
                 [{"role": m.role, "content": m.content} for m in lease.messages])
             bundle = mutations.random_tokens_bundle(lease, ident.node_id, pol.card, ids, text,
-                                                    pol.decode, self.scorer(lease), rng)
+                                                    pol.decode, rng)
             bundle.created_at_ms = int(time.time() * 1000)
             env = seal("bundle", bundle, ident)
             code, reason, resp = call_code(self.conn.stub.Register,

@@ -25,7 +25,6 @@ from ftis.client.swarm.connection import SwarmConnection
 from ftis.client.swarm.cross_tokenizer import retokenizer_for
 from ftis.client.swarm.external_pool import ExternalPool
 from ftis.protocol.errors import FtisError
-from ftis.tasks import TaskEntry
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
@@ -128,7 +127,7 @@ class VolunteerNode:
         stats["generated_tokens"] = float(result.generated_tokens)
         stats["generation_seconds"] = result.seconds
         stats["tokens_per_second"] = result.generated_tokens / max(result.seconds, 1e-9)
-        groups, claimed_all, verified_all = [], [], []
+        groups, verified_all = [], []
         bundle_bytes, bundle_tokens = 0, 0
         for lease, (prompt_ids, prompt_text), sampled in zip(
                 leases, prompts, result.completions, strict=True):
@@ -140,34 +139,29 @@ class VolunteerNode:
             bundle_bytes += bundle.ByteSize()
             bundle_tokens += sum(len(c.token_ids) for c in bundle.completions)
             verified = list(reply.verified_rewards)
-            claimed_all += [c.claimed_reward for c in bundle.completions]
             verified_all += verified
             groups.append(RolloutGroup(
                 prompt_ids=prompt_ids, completions=[c.token_ids for c in sampled],
                 gen_logprobs=[c.logprobs for c in sampled], rewards=verified, local=True,
                 sender=self.conn.node_id, policy_version=self.round, task_id=lease.task_id))
         stats["reward_mean"] = sum(verified_all) / max(len(verified_all), 1)
-        stats["claimed_reward_mean"] = sum(claimed_all) / max(len(claimed_all), 1)
         stats["bundles_submitted"] = float(len(groups))
         stats["bundle_bytes_per_token"] = bundle_bytes / max(bundle_tokens, 1)
         return groups
 
     def make_bundle(self, lease: swarm_pb2.TaskLease, prompt_ids: list[int], prompt_text: str,
                     sampled: list) -> bundle_pb2.Bundle:  # noqa: ANN001 - SampledCompletion
-        """The bundle for one leased task: completions, sampler log-probs, claimed rewards.
+        """The bundle for one leased task: completions and their sampler log-probs.
 
         The text of each completion is ``decode(token_ids)`` with special tokens kept, the
-        exact rule the coordinator checks (``TEXT_MISMATCH``).
+        exact rule the coordinator checks (``TEXT_MISMATCH``). No reward is claimed: the
+        answers stay on the coordinator, whose verified rewards come back in the reply.
         """
         pol = self.policy
-        entry = TaskEntry.from_json(lease.entry_json)
-        completions = []
-        for c in sampled:
-            text = pol.decode(c.token_ids)
-            completions.append(bundle_pb2.Completion(
-                token_ids=c.token_ids, logprobs=c.logprobs, text=text,
-                claimed_reward=entry.score(text),
-                finish_reason=c.finish_reason))
+        completions = [
+            bundle_pb2.Completion(token_ids=c.token_ids, logprobs=c.logprobs,
+                                  text=pol.decode(c.token_ids), finish_reason=c.finish_reason)
+            for c in sampled]
         return bundle_pb2.Bundle(
             task_id=lease.task_id, lease_id=lease.lease_id, node_id=self.conn.node_id,
             model_card=pol.card, policy_version=self.round,
@@ -198,10 +192,16 @@ class VolunteerNode:
             fb.groups += 1
             if g.meta.get("bundle_id"):
                 fb.bundle_ids.append(g.meta["bundle_id"])
+        rejected_ids = self.pool.drain_rejected_ids()
         for sender in set(invalid) | set(mismatched):
             fb = by_sender.setdefault(sender, swarm_pb2.SenderFeedback(sender_node_id=sender))
             fb.invalid_bundles = invalid[sender]
             fb.text_mismatches = mismatched[sender]
+            # the coordinator counts feedback only for bundles it relayed to this node
+            fb.bundle_ids.extend(b for b in rejected_ids.get(sender, [])
+                                 if b not in fb.bundle_ids)
+        for fb in by_sender.values():  # at most 64 ids per entry (the coordinator's bound)
+            del fb.bundle_ids[64:]
         return list(by_sender.values())
 
     def _pull_external(self) -> None:
@@ -280,11 +280,19 @@ class VolunteerNode:
                         {"cursor": self.pool.cursor, "updates": self.learner.updates,
                          "generator_state": self.generator.get_state().tolist()})
 
-    def run(self, on_round: Callable[[RoundResult], None] | None = None) -> None:
-        """Run until ``config.rounds`` rounds are done (forever if 0)."""
+    def run(self, on_round: Callable[[RoundResult], None] | None = None,
+            before_round: Callable[[], object] | None = None) -> None:
+        """Run until ``config.rounds`` rounds are done (forever if 0).
+
+        ``before_round`` is called before each round and may block: the volunteer
+        settings pause the node there (:class:`ftis.client.settings.gate.RoundGate`),
+        between rounds, when it holds no lease.
+        """
         if self.eval_sets and self.round == 0:
             self.evaluate()  # the starting policy, before any update
         while self.config.rounds == 0 or self.round < self.config.rounds:
+            if before_round:
+                before_round()
             result = self.run_round()
             if on_round:
                 on_round(result)

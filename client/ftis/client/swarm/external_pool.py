@@ -84,6 +84,9 @@ class ExternalPool:
         #: per sender: relayed bundles that failed local re-verification / text checks
         self.invalid_by_sender: Counter[str] = Counter()
         self.text_mismatch_by_sender: Counter[str] = Counter()
+        #: per sender: ids of the relayed bundles counted above (feedback names them: the
+        #: coordinator counts feedback only for bundles it relayed to the reporter)
+        self.rejected_ids_by_sender: dict[str, list[str]] = {}
         self.weights: dict[str, float] = {}
 
     def add(self, relayed: swarm_pb2.RelayedBundle) -> bool:
@@ -129,6 +132,9 @@ class ExternalPool:
             self.rejected_by_code[exc.code] += 1
             if sender and exc.code not in NOT_SENDER_EVIDENCE:
                 self.invalid_by_sender[sender] += 1
+            if sender and (exc.code not in NOT_SENDER_EVIDENCE
+                           or exc.code == ErrorCode.TEXT_MISMATCH):
+                self.rejected_ids_by_sender.setdefault(sender, []).append(relayed.bundle_id)
             log.warning("dropping relayed bundle %s: %s", relayed.bundle_id, exc)
             return False
         meta = {"bundle_id": relayed.bundle_id, "base_model": bundle.model_card.base_model}
@@ -195,7 +201,13 @@ class ExternalPool:
         return picked
 
     def drain_rejections(self) -> tuple[Counter[str], Counter[str]]:
-        """Per-sender (invalid bundles, text mismatches) since the last call."""
+        """Per-sender (invalid bundles, text mismatches) since the last call (the bundle
+        ids are drained by :meth:`drain_rejected_ids`)."""
         out = (self.invalid_by_sender, self.text_mismatch_by_sender)
         self.invalid_by_sender, self.text_mismatch_by_sender = Counter(), Counter()
+        return out
+
+    def drain_rejected_ids(self) -> dict[str, list[str]]:
+        """Per-sender ids of the relayed bundles rejected since the last call."""
+        out, self.rejected_ids_by_sender = self.rejected_ids_by_sender, {}
         return out

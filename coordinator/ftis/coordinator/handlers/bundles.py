@@ -57,12 +57,13 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
         opened.sender_id, opened.bundle.task_id, opened.bundle_id,
         since_ms=now - int(policy.half_life_s * 1000),
         window_start_ms=now - QUOTA_WINDOW_MS)
+    # the sender's own registered tokenizer, never another's (verify.py, "Invariant")
     fingerprint = snapshot.node.fingerprint if snapshot.node else None
     tokenizer = ctx.tokenizers.get(fingerprint) if fingerprint is not None else None
     try:
         verified = check_submission(
             opened, snapshot, now_ms=now,
-            tokenizer=tokenizer,
+            tokenizer=tokenizer, tokenizer_fingerprint=fingerprint,
             require_tokenizer=ctx.config.require_tokenizer,
             quota=BundleQuota(ctx.config.bundles_per_minute, ctx.config.bundle_bytes_per_minute),
             tokenizer_id_bound=(ctx.tokenizers.id_bound(fingerprint)

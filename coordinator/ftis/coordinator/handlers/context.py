@@ -47,6 +47,7 @@ class SeenBuffer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[int, int | None]] = {}
+        self._served: dict[str, int] = {}
 
     def touch(self, node_id: str, now_ms: int, policy_version: int | None = None) -> None:
         """Record that ``node_id`` was seen at ``now_ms`` (at ``policy_version``)."""
@@ -58,18 +59,35 @@ class SeenBuffer:
                     policy_version = old[1]
             self._seen[node_id] = (now_ms, policy_version)
 
+    def served(self, node_id: str, sequence: int) -> None:
+        """Record that relay sequences up to ``sequence`` were served to ``node_id``."""
+        with self._lock:
+            self._served[node_id] = max(sequence, self._served.get(node_id, 0))
+
+    def served_through(self, node_id: str) -> int:
+        """The highest relay sequence served to ``node_id`` by this process and not yet
+        flushed (0 if none); the state has the flushed value."""
+        with self._lock:
+            return self._served.get(node_id, 0)
+
     def flush(self, state: State) -> int:
-        """Write the buffered times (one transaction); returns how many nodes."""
+        """Write the buffered times and relay sequences (:meth:`State.record_seen`,
+        :meth:`State.record_relay_served`); returns how many nodes were seen."""
         with self._lock:
             batch, self._seen = self._seen, {}
-        if batch:
-            try:
+            served, self._served = self._served, {}
+        try:
+            if batch:
                 state.record_seen(batch)
-            except Exception:  # keep them for the next flush
-                with self._lock:
-                    for node_id, value in batch.items():
-                        self._seen.setdefault(node_id, value)
-                raise
+            if served:
+                state.record_relay_served(served)
+        except Exception:  # keep them for the next flush
+            with self._lock:
+                for node_id, value in batch.items():
+                    self._seen.setdefault(node_id, value)
+                for node_id, seq in served.items():
+                    self._served[node_id] = max(seq, self._served.get(node_id, 0))
+            raise
         return len(batch)
 
 
@@ -150,6 +168,7 @@ class Context:
                              split=HeldoutSplit(config.heldout_fraction), part="train"),
             quotas=Quotas(
                 pulls_per_minute=config.pulls_per_minute,
+                reports_per_minute=config.reports_per_minute,
                 tokenizer_uploads_per_minute=config.tokenizer_uploads_per_minute,
                 registrations_per_minute=config.registrations_per_minute,
                 registrations_per_host_per_minute=config.registrations_per_host_per_minute,

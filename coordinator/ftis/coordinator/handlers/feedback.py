@@ -6,6 +6,12 @@ Each feedback entry is checked on its own: invalid entries are dropped with a re
 ones are applied, so one bad entry (for example a statistic a hostile bundle made
 non-finite) cannot void the rest of a report. A report with any invalid entry still
 costs the reporter one FEEDBACK_INVALID evidence (-1), as a wholly invalid one did.
+
+Who may move a reputation (issue 13, class 3; docs/reputation.md "Who may report"): a
+reporter's weight is :func:`reputation.reporter_factor` (0 on probation or quarantined,
+then growing with age), an entry counts only for bundles relayed to the reporter and not
+counted for it before (recorded in the same transaction as the evidence), weightless
+entries write nothing, and ReportMetrics has a per-node quota.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ def feedback_entries(feedback: Sequence[swarm_pb2.SenderFeedback]) -> list[Feedb
 
 
 def entry_problem(reporter_id: str, f: FeedbackEntry, known_senders: set[str],
-                  owners: dict[str, tuple[str, bool]]) -> str | None:
+                  owners: dict[str, tuple[str, bool, int]]) -> str | None:
     """Why one feedback entry is invalid, or ``None`` (pure): it must be about a known
     other sender and its own bundles, with finite statistics, fractions in [0, 1],
     non-negative counts and at most 64 bundle ids."""
@@ -78,12 +84,13 @@ def entry_problem(reporter_id: str, f: FeedbackEntry, known_senders: set[str],
 
 
 def check_feedback(reporter_id: str, entries: list[FeedbackEntry], known_senders: set[str],
-                   owners: dict[str, tuple[str, bool]]) -> list[DroppedFeedback]:
+                   owners: dict[str, tuple[str, bool, int]]) -> list[DroppedFeedback]:
     """The entries to drop, each with its reason (pure; see :func:`entry_problem`).
 
     Args:
         known_senders: the registered node ids among the entries' senders.
-        owners: ``{bundle_id: (sender, text_verified)}`` of the named bundles that exist.
+        owners: ``{bundle_id: (sender, text_verified, relay sequence)}`` of the named
+            bundles that exist.
 
     Raises:
         FtisError: FEEDBACK_INVALID when the report has more than 64 entries (a bound on
@@ -110,10 +117,16 @@ def report_metrics(ctx: Context, node: NodeRecord, step: int, values: dict[str, 
         the reporter gets one -1 FEEDBACK_INVALID evidence with the valid entries'.
 
     Raises:
-        FtisError: REQUEST_INVALID (more than 256 values or a name longer than 128
+        FtisError: RATE_LIMITED (``reports_per_minute``; nothing stored),
+            REQUEST_INVALID (more than 256 values or a name longer than 128
             characters), FEEDBACK_INVALID (more than 64 feedback entries: nothing is
-            stored then, and the reporter gets -1 evidence).
+            stored then, and the reporter gets -1 evidence; or a concurrent report
+            counted the same bundles).
     """
+    if not ctx.quotas.admit_report(node.node_id):
+        raise FtisError(ErrorCode.RATE_LIMITED,
+                        f"more than {ctx.config.reports_per_minute:g} reports per minute; "
+                        "slow down")
     if len(values) > MAX_METRICS:
         raise FtisError(ErrorCode.REQUEST_INVALID, f"more than {MAX_METRICS} metrics")
     if any(len(k) > MAX_METRIC_NAME_CHARS for k in values):
@@ -139,7 +152,8 @@ def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEn
     senders = {f.sender_id for f in entries[:MAX_FEEDBACK + 1]}
     owners = state.bundle_owners([b for f in entries[:MAX_FEEDBACK + 1]
                                   for b in f.bundle_ids[:MAX_FEEDBACK_BUNDLE_IDS + 1]])
-    known = {s for s in senders if len(s) <= 128 and state.get_node(s) is not None}
+    records = {s: state.get_node(s) for s in senders if len(s) <= 128}
+    known = {s for s, record in records.items() if record is not None}
     try:
         dropped = check_feedback(reporter.node_id, entries, known, owners)
     except FtisError as err:
@@ -155,24 +169,53 @@ def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEn
             + "; ".join(d.reason for d in dropped))))
         skip = {d.index for d in dropped}
         entries = [f for i, f in enumerate(entries) if i not in skip]
+    # the reporter afresh: authentication may hand on a record up to NODE_CACHE_S old
+    reporter = state.get_node(reporter.node_id) or reporter
+    factor = reputation.reporter_factor(reporter.standing, reporter.bundles_accepted,
+                                        reporter.registered_at_ms, now, policy)
+    counted = _counted_bundles(ctx, reporter, entries, owners) if factor > 0 else \
+        [[] for _ in entries]
     window_start = now - int(policy.half_life_s * 1000)
     views = []
-    for f in entries:
+    for f, counted_ids in zip(entries, counted, strict=True):
         used_pos, used_neg = state.feedback_used(reporter.node_id, f.sender_id, window_start)
+        sender = records[f.sender_id]
         views.append(SenderView(
             text_verified=_text_was_verified(ctx, f, owners),
             used_positive=used_pos, used_negative=used_neg,
-            negative_reporters=frozenset(state.negative_reporters(f.sender_id, window_start))))
+            negative_reporters=frozenset(state.negative_reporters(f.sender_id, window_start)),
+            counted_bundles=len(counted_ids),
+            sender_quarantined=sender is not None and sender.quarantined))
     events += reputation.feedback_evidence(reporter.node_id, reporter.standing, entries, views,
-                                           now, policy)
-    if events:
+                                           now, policy, factor=factor)
+    counted_ids = [b for ids in counted for b in ids]
+    if events or counted_ids:
         state.apply_evidence_many(events, now,
-                                  lambda evs: reputation.standing_update(evs, now, policy))
+                                  lambda evs: reputation.standing_update(evs, now, policy),
+                                  counted=(reporter.node_id, counted_ids) if counted_ids
+                                  else None)
     return dropped
 
 
+def _counted_bundles(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEntry],
+                     owners: dict[str, tuple[str, bool, int]]) -> list[list[str]]:
+    """Per entry, its bundle ids that count (docs/reputation.md "Who may report"): relayed
+    to this reporter (relay sequence at most the highest one served to it), not counted
+    for it before, and not named by an earlier entry of the same report."""
+    served = max(reporter.relay_served_seq, ctx.seen.served_through(reporter.node_id))
+    taken = ctx.state.reported_bundles(reporter.node_id,
+                                       [b for f in entries for b in f.bundle_ids])
+    out = []
+    for f in entries:
+        ids = [b for b in dict.fromkeys(f.bundle_ids)
+               if b not in taken and owners[b][2] <= served]
+        taken.update(ids)
+        out.append(ids)
+    return out
+
+
 def _text_was_verified(ctx: Context, f: FeedbackEntry,
-                       owners: dict[str, tuple[str, bool]]) -> bool:
+                       owners: dict[str, tuple[str, bool, int]]) -> bool:
     """Whether the coordinator itself verified text == decode(tokens) on every bundle the
     entry is about (all the sender's stored bundles when none are named)."""
     if f.bundle_ids:

@@ -59,4 +59,6 @@ def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
         for b in bundles
     ]
     ctx.seen.touch(node.node_id, now)
+    if bundles:  # feedback counts only for bundles served to the reporter
+        ctx.seen.served(node.node_id, max(b.sequence for b in bundles))
     return RelayPage(bundles, reputations, next_cursor)

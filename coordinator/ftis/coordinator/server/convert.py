@@ -14,7 +14,12 @@ from ftis.v1 import admin_pb2, bundle_pb2, common_pb2, swarm_pb2
 
 
 def task_lease(lease: LeaseRecord) -> swarm_pb2.TaskLease:
-    """The ``TaskLease`` sent to the node (prompt rendered as chat messages)."""
+    """The ``TaskLease`` sent to the node (prompt rendered as chat messages).
+
+    It carries the question and nothing of the answer: no ReasoningGYM entry, answer or
+    metadata (which holds the answer for tasks such as ``gcd``) leaves the coordinator
+    (docs/threat-model.md "Ground truth stays on the coordinator").
+    """
     return swarm_pb2.TaskLease(
         lease_id=lease.lease_id,
         task_id=lease.task_id,
@@ -27,7 +32,6 @@ def task_lease(lease: LeaseRecord) -> swarm_pb2.TaskLease:
         deadline_ms=lease.deadline_ms,
         group_size=lease.group_size,
         max_new_tokens=lease.max_new_tokens,
-        entry_json=lease.entry.to_json(),
     )
 
 

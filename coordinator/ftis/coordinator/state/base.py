@@ -14,7 +14,7 @@ the signed envelope and, with ``auto_ban_on_proof``, bans the sender.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ftis.coordinator.reputation import Evidence, Standing
@@ -53,6 +53,9 @@ class NodeRecord:
     completion_tokens: int
     latest_metrics: dict[str, float] = field(default_factory=dict)
     latest_metrics_step: int = 0
+    #: Highest relay sequence served to the node (flushed with last-seen, so up to
+    #: :data:`~ftis.coordinator.handlers.context.SEEN_FLUSH_S` behind).
+    relay_served_seq: int = 0
     #: Reputation evidence as stored (decayed to ``rep_updated_ms``), see reputation.py.
     rep_good: float = 0.0
     rep_bad: float = 0.0
@@ -296,16 +299,26 @@ class State(abc.ABC):
         too); ``None`` keeps the stored policy version; unknown nodes are skipped."""
 
     @abc.abstractmethod
+    def record_relay_served(self, served: Mapping[str, int]) -> None:
+        """Batch update, in one transaction, of the highest relay sequence served to
+        each node (``{node_id: sequence}``): ``relay_served_seq`` only moves forward;
+        unknown nodes are skipped."""
+
+    @abc.abstractmethod
     def apply_evidence_many(
         self, events: list[tuple[str, Evidence]], now_ms: int,
         update: Callable[[list[Evidence]], StandingUpdate],
+        counted: tuple[str, Sequence[str]] | None = None,
     ) -> dict[str, NodeRecord]:
         """In one transaction, for each node named in ``events``: lock it (all of them
         first, in ``node_id`` order, so concurrent callers cannot deadlock), apply
         ``update(its events)`` to its standing (``(standing, bundles_accepted)``), append
-        its evidence rows (``at_ms = now_ms``). Returns the nodes after, in order of
-        first appearance (``{}`` for no events). Raises FtisError NODE_UNKNOWN if any
-        node is unknown (nothing written)."""
+        its evidence rows (``at_ms = now_ms``); and with ``counted = (reporter_id,
+        bundle_ids)`` record those bundles as counted for that reporter's feedback
+        (:meth:`reported_bundles`). Returns the nodes after, in order of first appearance
+        (``{}`` for no events and nothing counted). Raises FtisError NODE_UNKNOWN if any
+        node is unknown, FEEDBACK_INVALID if a counted bundle was already recorded for the
+        reporter (a concurrent report); nothing is written then."""
 
     @abc.abstractmethod
     def lease_block(
@@ -420,8 +433,13 @@ class State(abc.ABC):
         """Newest first, optionally only nodes whose id starts with ``node_prefix``."""
 
     @abc.abstractmethod
-    def bundle_owners(self, bundle_ids: list[str]) -> dict[str, tuple[str, bool]]:
-        """``{bundle_id: (node_id, text_verified)}`` for the stored ones among ``bundle_ids``."""
+    def bundle_owners(self, bundle_ids: list[str]) -> dict[str, tuple[str, bool, int]]:
+        """``{bundle_id: (node_id, text_verified, relay sequence)}`` for the stored ones
+        among ``bundle_ids``."""
+
+    @abc.abstractmethod
+    def reported_bundles(self, reporter_id: str, bundle_ids: list[str]) -> set[str]:
+        """Those of ``bundle_ids`` that ``reporter_id``'s feedback has already counted."""
 
     @abc.abstractmethod
     def count_text_unverified(self, node_id: str) -> tuple[int, int]:

