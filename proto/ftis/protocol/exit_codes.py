@@ -77,7 +77,8 @@ EXIT_CODE_HELP: dict[int, str] = {
     ),
     ExitCode.USAGE: (
         "Bad command line (click's own status for usage errors), configuration file "
-        "(`--config`), environment setting (`FTIS_COORDINATOR_*`, `FTIS_CLIENT_*`), task "
+        "(`--config`), environment setting (`FTIS_COORDINATOR_*`, `FTIS_CLIENT_*`), "
+        "volunteer setting (`ftis-client settings set`, its file, `FTIS_<KEY>`), task "
         "mix, experiment config or attack kind."
     ),
     # ftis-coordinator (20-49)
@@ -96,7 +97,8 @@ EXIT_CODE_HELP: dict[int, str] = {
     ExitCode.CLIENT_COORDINATOR_UNREACHABLE: (
         "The coordinator cannot be reached or a call failed at the gRPC level "
         "(UNAVAILABLE and DEADLINE_EXCEEDED after 8 attempts, backoff up to 10 s; "
-        "`attack`: 30 failed rounds in a row)."
+        "`attack`: 30 failed rounds in a row; `status`: its Heartbeat got no answer within "
+        "`--timeout`, the local numbers are still shown)."
     ),
     ExitCode.CLIENT_MODEL_NOT_FOUND: (
         "`--model` is not an embedded alias, a `.gguf` file, a model directory or a hub "
@@ -105,7 +107,8 @@ EXIT_CODE_HELP: dict[int, str] = {
     ExitCode.CLIENT_REJECTED: (
         "The coordinator refused the node with an error code (e.g. `NODE_BANNED`, "
         "`REGISTRATION_INVALID`; docs/error-codes.md); the message names the code "
-        "(`attack`: only at registration or after 30 refused rounds in a row)."
+        "(`attack`: only at registration or after 30 refused rounds in a row; `status`: "
+        "the Heartbeat was refused, e.g. `NODE_UNKNOWN` before the node's first `start`)."
     ),
     ExitCode.CLIENT_MEMORY_BUDGET: (
         "`start --max-memory SIZE`: the estimated peak memory exceeds SIZE; checked "
@@ -167,8 +170,8 @@ _PROGRAM_INTRO: dict[str, str] = {
         "`ftis-coordinator serve` (also `python -m ftis.coordinator.cli.main serve`)."
     ),
     "ftis-client": (
-        "`ftis-client start`, `demo`, `attack`, `security-experiment`, `experiment` and "
-        "`models list`."
+        "`ftis-client start`, `status`, `settings`, `demo`, `attack`, `security-experiment`, "
+        "`experiment` and `models list`."
     ),
     "ftis-admin": (
         "Operator CLI over the admin service (`--admin HOST:PORT`, env `FTIS_ADMIN`, "

@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from ftis.client.cli import attack, demo, experiment, models, start
+from ftis.client.cli import attack, demo, experiment, models, settings, start, status
 
 app = typer.Typer(help="FTIS volunteer client.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"ftis-client {version('ftis-client')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="print the installed version and exit")] = False) -> None:
+    """FTIS volunteer client."""
+
+
 app.command("start")(start.start)
 app.command("demo")(demo.demo)
 app.command("attack")(attack.attack)
 app.command("security-experiment")(attack.security_experiment)
 app.command("experiment")(experiment.experiment)
 app.add_typer(models.app, name="models")
+app.add_typer(settings.app, name="settings")
+app.command("status")(status.status)
 
 if __name__ == "__main__":
     app()

@@ -5,17 +5,19 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ftis.client.settings.options import with_setting_flags
 from ftis.protocol.exit_codes import ExitCode
 
 console = Console(stderr=True)
 
 
+@with_setting_flags
 def start(
     coordinator: Annotated[str | None, typer.Option(help="HOST:PORT of the coordinator")] = None,
     model: Annotated[str | None, typer.Option(
@@ -31,9 +33,6 @@ def start(
     qlora_double_quant: Annotated[bool | None, typer.Option(
         "--qlora-double-quant/--no-qlora-double-quant",
         help="QLoRA: also quantize the quantization scales")] = None,
-    max_memory: Annotated[str | None, typer.Option(
-        help="refuse to start if the estimated peak memory exceeds this "
-             "(6GiB, 512MiB, 8GB, bytes)")] = None,
     local_groups: Annotated[int | None, typer.Option(help="I: own groups per round")] = None,
     external_groups: Annotated[int | None, typer.Option(
         help="J: external groups per round")] = None,
@@ -63,7 +62,6 @@ def start(
     seed: Annotated[int | None, typer.Option()] = None,
     out: Annotated[Path | None, typer.Option(help="output folder (metrics, checkpoints)")] = None,
     key_file: Annotated[Path | None, typer.Option(help="node key (PEM, 0600)")] = None,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(
         help="checkpoint every k rounds (and after the last)")] = None,
     display_name: Annotated[str | None, typer.Option()] = None,
@@ -71,8 +69,14 @@ def start(
         help="greedy pass@1 on held-out and OOD sets every k rounds (0 = off)")] = None,
     eval_config: Annotated[Path | None, typer.Option(help="JSON evaluation config")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    setting_flags: dict[str, Any] | None = None,
 ) -> None:
-    """Join a swarm: lease tasks, generate, submit signed bundles, learn with F-TIS."""
+    """Join a swarm: lease tasks, generate, submit signed bundles, learn with F-TIS.
+
+    The volunteer settings (idle, battery, CPU, memory, GPU, upload rate, time windows,
+    finish-then-pause) pause and resume the node between rounds; see
+    docs/volunteer-settings.md.
+    """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -80,9 +84,19 @@ def start(
     from pydantic import ValidationError
 
     from ftis.client.node.config import ClientConfig
+    from ftis.client.settings.model import SettingsError, resolve_settings
 
     flags = {k: v for k, v in locals().items()
-             if k not in ("verbose", "ValidationError", "ClientConfig") and v is not None}
+             if k not in ("verbose", "ValidationError", "ClientConfig", "setting_flags",
+                          "SettingsError", "resolve_settings") and v is not None}
+    try:
+        resolved = resolve_settings(setting_flags)
+    except SettingsError as exc:
+        console.print(f"[red]invalid setting:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(ExitCode.USAGE) from exc
+    for key in ("max_memory", "threads"):  # the settings that ClientConfig also carries
+        if getattr(resolved.settings, key) is not None:
+            flags[key] = getattr(resolved.settings, key)
     try:
         cfg = ClientConfig(**flags)
     except ValidationError as exc:
@@ -92,7 +106,7 @@ def start(
         code = check_memory(cfg)
         if code != ExitCode.OK:
             raise typer.Exit(code)
-    raise typer.Exit(run(cfg))
+    raise typer.Exit(run(cfg, setting_flags))
 
 
 def check_memory(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
@@ -123,19 +137,22 @@ def check_memory(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
     return ExitCode.OK
 
 
-def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
-    """Start a node from ``cfg``; returns an exit code."""
+def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN001
+    """Start a node from ``cfg`` (a ClientConfig) under the volunteer settings resolved
+    from ``setting_flags`` (re-read between rounds); returns an exit code."""
     import grpc
 
     from ftis.client.models.loader import load_policy
     from ftis.client.models.registry import ModelNotFoundError
     from ftis.client.node.runner import VolunteerNode
     from ftis.client.node.runtime import configure_runtime, seconds_since_process_start
+    from ftis.client.settings.gate import RoundGate, apply_settings, node_state
+    from ftis.client.settings.model import resolve_settings
     from ftis.client.swarm.connection import SwarmConnection
     from ftis.protocol.errors import FtisError
     from ftis.protocol.identity import NodeIdentity
 
-    configure_runtime(cfg)
+    configure_runtime(cfg, use_gpu=resolve_settings(setting_flags).settings.use_gpu)
     identity = NodeIdentity.load_or_create(cfg.key_file)
     console.print(f"node [bold]{identity.node_id}[/bold] (key {cfg.key_file})")
     try:
@@ -160,6 +177,8 @@ def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
         if node.resume():
             console.print(f"resumed from round {node.round}")
         total = cfg.rounds or None
+        node_info = {"node_id": identity.node_id, "coordinator": cfg.coordinator,
+                     "model": cfg.model, "peft": cfg.peft}
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
                       console=console, transient=False) as progress:
@@ -176,7 +195,28 @@ def run(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
                 if not console.is_terminal:
                     console.print(f"round {result.round}: {info}")
 
-            node.run(on_round)
+            def on_pause(decision) -> None:  # noqa: ANN001 - Decision
+                state = "running" if decision.may_run else "paused"
+                info = "resuming" if decision.may_run else f"[yellow]paused: {decision.reason}"
+                progress.update(task, info=info)
+                if not console.is_terminal:
+                    console.print(f"{state}: {decision.reason or 'resuming'}")
+                write_state(state, decision)
+
+            def write_state(state: str, decision=None) -> None:  # noqa: ANN001
+                node_state(cfg.out, gate, state, decision, round=node.round, **node_info)
+
+            gate = RoundGate(lambda: resolve_settings(setting_flags), on_change=on_pause,
+                             on_settings=lambda r: apply_settings(conn, r.settings))
+
+            def before_round() -> None:
+                decision = gate()
+                write_state("running", decision)
+
+            try:
+                node.run(on_round, before_round=before_round)
+            finally:
+                write_state("stopped")
     except grpc.RpcError as exc:
         console.print(f"[red]coordinator {cfg.coordinator} unreachable:[/red] {exc.code().name}")
         return ExitCode.CLIENT_COORDINATOR_UNREACHABLE

@@ -10,8 +10,14 @@ from ftis.client.node.config import ClientConfig
 _IMPORTED_AT = time.monotonic()
 
 
-def configure_runtime(cfg: ClientConfig) -> None:
-    """Quiet transformers, set torch's CPU threads (``cfg.threads``) and seed."""
+def configure_runtime(cfg: ClientConfig, use_gpu: bool = True) -> None:
+    """Quiet transformers, set torch's CPU threads (``cfg.threads``) and seed.
+
+    ``use_gpu=False`` (the ``use_gpu`` volunteer setting) hides every CUDA device from
+    this process (``CUDA_VISIBLE_DEVICES=""``; CUDA starts lazily, after this call).
+    """
+    if not use_gpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import torch
     import transformers
 
@@ -20,6 +26,15 @@ def configure_runtime(cfg: ClientConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+
+
+def set_threads(threads: int | None) -> None:
+    """Set torch's CPU threads (``threads`` setting) between rounds; ``None``: leave them."""
+    if threads:
+        import torch
+
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def seconds_since_process_start() -> float:

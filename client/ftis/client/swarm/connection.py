@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import grpc
 
+from ftis.client.settings.throttle import TokenBucket
 from ftis.protocol.auth import sign_request
 from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
 from ftis.protocol.envelope import seal
@@ -65,6 +66,8 @@ class SwarmConnection:
             ],
         )
         self.stub = swarm_pb2_grpc.SwarmStub(self.channel)
+        #: caps the bundle upload rate (``max_upload_rate``); ``None``: no cap
+        self.upload_limit: TokenBucket | None = None
 
     @property
     def node_id(self) -> str:
@@ -127,7 +130,12 @@ class SwarmConnection:
 
     def submit_envelope(self, envelope: bundle_pb2.SignedEnvelope
                         ) -> swarm_pb2.SubmitBundleResponse:
-        """Submit an already sealed envelope (raises FtisError on a coded rejection)."""
+        """Submit an already sealed envelope (raises FtisError on a coded rejection).
+
+        Waits first for :attr:`upload_limit`, if set, to allow the envelope's bytes.
+        """
+        if self.upload_limit is not None:
+            self.upload_limit.consume(envelope.ByteSize())
         return self._call(self.stub.SubmitBundle,
                           swarm_pb2.SubmitBundleRequest(envelope=envelope))
 
