@@ -13,13 +13,15 @@ Transactions:
   row, several nodes in ``node_id`` order, so worker processes never lose updates and
   never deadlock. :meth:`SqlState.submission_snapshot` runs REPEATABLE READ, READ ONLY.
 * SQLite: ``journal_mode=WAL``, ``synchronous=FULL`` (an acknowledged bundle survives a
-  crash), foreign keys on. Write transactions start with ``BEGIN IMMEDIATE`` (SQLAlchemy's
-  pysqlite recipe: the driver's own BEGIN is switched off), so two processes on one file
-  queue on the write lock (``busy_timeout`` 30 s) instead of deadlocking, and writers of
-  one process also take a process-wide lock (no busy-wait between threads). Read-only
-  transactions on a file skip that lock and use their own pooled connection: in WAL mode
-  readers see a consistent snapshot and do not wait for the writer. The in-memory
-  database (``sqlite://``) has one shared connection, so reads take the lock too.
+  crash), foreign keys on; the submit and lease writes of concurrent requests share one
+  transaction and one fsync (:mod:`.group_commit`), each in its own savepoint. Write
+  transactions start with ``BEGIN IMMEDIATE`` (SQLAlchemy's pysqlite recipe: the
+  driver's own BEGIN is switched off), so two processes on one file queue on the write
+  lock (``busy_timeout`` 30 s) instead of deadlocking, and writers of one process also
+  take a process-wide lock (no busy-wait between threads). Read-only transactions on a
+  file skip that lock and use their own pooled connection: in WAL mode readers see a
+  consistent snapshot and do not wait for the writer. The in-memory database
+  (``sqlite://``) has one shared connection, so reads take the lock too.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import math
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic.util import CommandError
 from sqlalchemy import (
@@ -78,6 +80,7 @@ from ftis.coordinator.state.base import (
     SubmissionSnapshot,
     Verdict,
 )
+from ftis.coordinator.state.group_commit import GroupCommit, sqlalchemy_savepoint
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.tasks.source import TaskEntry
 
@@ -89,6 +92,8 @@ TASK_DRAWS = "task_draws"
 POOL_SIZE = 16
 #: Seconds after which a pooled server connection is replaced.
 POOL_RECYCLE_S = 300
+
+T = TypeVar("T")
 
 
 class Base(DeclarativeBase):
@@ -467,6 +472,11 @@ class SqlState(State):
         )
         self._write_lock = lock
         self._read_lock = lock if memory else contextlib.nullcontext()
+        #: SQLite: the submit and lease writes share transactions and fsyncs
+        #: (:mod:`.group_commit`); PostgreSQL commits concurrently from many connections.
+        self._group: GroupCommit | None = (
+            GroupCommit(self._write_engine.begin, sqlalchemy_savepoint, lock)
+            if isinstance(lock, type(threading.RLock())) else None)
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[Session]:
@@ -485,6 +495,14 @@ class SqlState(State):
         """:meth:`_write` without an ORM session, for the hot paths (Core statements)."""
         with self._write_lock, self._write_engine.begin() as conn:
             yield conn
+
+    def _hot_write(self, work: Callable[[Connection], T]) -> T:
+        """``work(connection)`` in a write transaction, committed before this returns: a
+        savepoint of a shared group commit on SQLite, its own transaction otherwise."""
+        if self._group is not None:
+            return self._group.run(work)
+        with self._write_conn() as conn:
+            return work(conn)
 
     @contextlib.contextmanager
     def _snapshot_conn(self) -> Iterator[Connection]:
@@ -717,70 +735,73 @@ class SqlState(State):
         if verdict.bundle is not None and verdict.bundle.node_id != verdict.node_id:
             raise ValueError("commit_submission: the bundle's node is not the verdict's")
         nodes, reps = NodeRow.__table__, ReputationRow.__table__
-        try:
-            with self._write_conn() as session:
-                m = (self._locked_node_row(session, verdict.node_id)
-                     if verdict.node_id is not None and _storable(verdict.node_id) else None)
-                stored: BundleRecord | None = None
-                bundle = verdict.bundle
-                changes: dict[str, Any] = {}
-                rejected = int(m.rep_rejected or 0) if m is not None else 0
-                if bundle is not None:
-                    if m is None:
-                        raise FtisError(
-                            ErrorCode.NODE_UNKNOWN, f"no node {bundle.node_id[:64]!r}"
-                        )
-                    # quarantine as it was before this submission's evidence
-                    stored = self._answer_lease_and_insert(
-                        session, bundle, now_ms, bool(m.rep_quarantined)
+
+        def work(session: Connection) -> CommittedVerdict:
+            m = (self._locked_node_row(session, verdict.node_id)
+                 if verdict.node_id is not None and _storable(verdict.node_id) else None)
+            stored: BundleRecord | None = None
+            bundle = verdict.bundle
+            changes: dict[str, Any] = {}
+            rejected = int(m.rep_rejected or 0) if m is not None else 0
+            if bundle is not None:
+                if m is None:
+                    raise FtisError(
+                        ErrorCode.NODE_UNKNOWN, f"no node {bundle.node_id[:64]!r}"
                     )
-                    changes = {
-                        "bundles_accepted": m.bundles_accepted + 1,
-                        "reward_mismatches": m.reward_mismatches + bundle.reward_mismatches,
-                        "completions": m.completions + bundle.completions,
-                        "completion_tokens": m.completion_tokens + bundle.completion_tokens,
-                        "last_seen_ms": max(now_ms, m.last_seen_ms),
-                        "policy_version": bundle.policy_version,
-                    }
-                elif m is not None:
-                    rejected += 1
-                    session.execute(reps.update().where(reps.c.node_id == m.node_id)
-                                    .values(bundles_rejected=rejected))
-                session.execute(_Hot.insert_verdict, {
-                    "node_id": _clean(verdict.node_id), "bundle_id": _clean(verdict.bundle_id),
-                    "code": int(verdict.code), "reason": _clean(verdict.reason),
-                    "at_ms": now_ms})
-                proof_id: int | None = None
-                standing = None
-                if m is not None:
-                    if verdict.proof_envelope is not None:
-                        proofs = ProofRow.__table__
-                        proof_id = int(session.execute(insert(proofs).values(
-                            node_id=m.node_id, bundle_id=_clean(verdict.bundle_id) or "",
-                            code=int(verdict.code), envelope=verdict.proof_envelope,
-                            at_ms=now_ms).returning(proofs.c.id)).scalar_one())
-                    if verdict.evidence:
-                        assert update is not None
-                        standing = update(
-                            Standing(m.rep_good, m.rep_bad, m.rep_updated_ms,
-                                     bool(m.rep_quarantined)),
-                            changes.get("bundles_accepted", m.bundles_accepted))
-                        self._write_standing(session, m.node_id, standing,
-                                             list(verdict.evidence), now_ms)
-                    if verdict.ban_reason is not None:
-                        changes.update(banned=True, ban_reason=verdict.ban_reason)
-                    if changes:
-                        session.execute(nodes.update().where(nodes.c.node_id == m.node_id)
-                                        .values(**changes))
-                record = None
-                if m is not None:
-                    record = dataclasses.replace(
-                        self._node_from_row(m), bundles_rejected=rejected, **changes,
-                        **({} if standing is None else {
-                            "rep_good": standing.good, "rep_bad": standing.bad,
-                            "rep_updated_ms": standing.updated_at_ms,
-                            "quarantined": standing.quarantined}))
-                return CommittedVerdict(bundle=stored, node=record, proof_id=proof_id)
+                # quarantine as it was before this submission's evidence
+                stored = self._answer_lease_and_insert(
+                    session, bundle, now_ms, bool(m.rep_quarantined)
+                )
+                changes = {
+                    "bundles_accepted": m.bundles_accepted + 1,
+                    "reward_mismatches": m.reward_mismatches + bundle.reward_mismatches,
+                    "completions": m.completions + bundle.completions,
+                    "completion_tokens": m.completion_tokens + bundle.completion_tokens,
+                    "last_seen_ms": max(now_ms, m.last_seen_ms),
+                    "policy_version": bundle.policy_version,
+                }
+            elif m is not None:
+                rejected += 1
+                session.execute(reps.update().where(reps.c.node_id == m.node_id)
+                                .values(bundles_rejected=rejected))
+            session.execute(_Hot.insert_verdict, {
+                "node_id": _clean(verdict.node_id), "bundle_id": _clean(verdict.bundle_id),
+                "code": int(verdict.code), "reason": _clean(verdict.reason),
+                "at_ms": now_ms})
+            proof_id: int | None = None
+            standing = None
+            if m is not None:
+                if verdict.proof_envelope is not None:
+                    proofs = ProofRow.__table__
+                    proof_id = int(session.execute(insert(proofs).values(
+                        node_id=m.node_id, bundle_id=_clean(verdict.bundle_id) or "",
+                        code=int(verdict.code), envelope=verdict.proof_envelope,
+                        at_ms=now_ms).returning(proofs.c.id)).scalar_one())
+                if verdict.evidence:
+                    assert update is not None
+                    standing = update(
+                        Standing(m.rep_good, m.rep_bad, m.rep_updated_ms,
+                                 bool(m.rep_quarantined)),
+                        changes.get("bundles_accepted", m.bundles_accepted))
+                    self._write_standing(session, m.node_id, standing,
+                                         list(verdict.evidence), now_ms)
+                if verdict.ban_reason is not None:
+                    changes.update(banned=True, ban_reason=verdict.ban_reason)
+                if changes:
+                    session.execute(nodes.update().where(nodes.c.node_id == m.node_id)
+                                    .values(**changes))
+            record = None
+            if m is not None:
+                record = dataclasses.replace(
+                    self._node_from_row(m), bundles_rejected=rejected, **changes,
+                    **({} if standing is None else {
+                        "rep_good": standing.good, "rep_bad": standing.bad,
+                        "rep_updated_ms": standing.updated_at_ms,
+                        "quarantined": standing.quarantined}))
+            return CommittedVerdict(bundle=stored, node=record, proof_id=proof_id)
+
+        try:
+            return self._hot_write(work)
         except IntegrityError as exc:
             if verdict.bundle is None:
                 raise
@@ -902,7 +923,8 @@ class SqlState(State):
     ) -> list[LeaseRecord]:
         if count < 0:
             raise ValueError(f"lease_block: count {count} < 0")
-        with self._write_conn() as session:
+
+        def work(session: Connection) -> list[LeaseRecord]:
             # The node's row lock serialises lease_block calls for one node across
             # workers (on SQLite, BEGIN IMMEDIATE serialises every writer).
             locked = (session.execute(_Hot.lock_node_id, {"node_id": node_id}).first()
@@ -922,6 +944,8 @@ class SqlState(State):
             if leases:
                 session.execute(_Hot.insert_leases, [self._lease_values(x) for x in leases])
             return leases
+
+        return self._hot_write(work)
 
     @staticmethod
     def _reserve(session: Session | Connection, name: str, n: int) -> int:
