@@ -61,16 +61,20 @@ UNLIMITED_QUOTAS: dict[str, Any] = {
 def make_config(**overrides: Any) -> CoordinatorConfig:
     """Config on an in-memory database with ports 0.
 
-    Test defaults differ from production in two ways: ``require_tokenizer=False`` (most
+    Test defaults differ from production in three ways: ``require_tokenizer=False`` (most
     tests use made-up fingerprints FP_A/FP_B and random token ids, so there is no
-    tokenizer to upload; tests of the text checks pass ``require_tokenizer=True``) and
-    unlimited quotas (:data:`UNLIMITED_QUOTAS`; quota tests set their own).
+    tokenizer to upload; tests of the text checks pass ``require_tokenizer=True``),
+    unlimited quotas (:data:`UNLIMITED_QUOTAS`; quota tests set their own) and
+    re-scoring inline (``rescoring_workers=0``).
     """
     values: dict[str, Any] = {
         "db": "sqlite://",
         "listen": "127.0.0.1:0",
         "admin_listen": "127.0.0.1:0",
         "require_tokenizer": False,
+        # re-score inline: most tests make many short-lived coordinators, and a spawned
+        # worker costs ~1 s of start-up each (tests/unit/test_rescoring.py tests the pool)
+        "rescoring_workers": 0,
         **UNLIMITED_QUOTAS,
     }
     values.update(overrides)

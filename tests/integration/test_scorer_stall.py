@@ -188,7 +188,8 @@ def _heartbeats_while(node: Node, busy: threading.Event | None, seconds: float) 
 
 @pytest.fixture
 def server(tmp_path: Path):
-    srv = CoordinatorServer(make_config(db=str(tmp_path / "coord.db"), require_tokenizer=True))
+    srv = CoordinatorServer(make_config(db=str(tmp_path / "coord.db"), require_tokenizer=True,
+                                         rescoring_workers=1))
     srv.start()
     try:
         yield srv

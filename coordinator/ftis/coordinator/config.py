@@ -89,6 +89,10 @@ class CoordinatorConfig(BaseSettings):
         bundles_per_minute, bundle_bytes_per_minute: SubmitBundle quota per node.
         pulls_per_minute: PullBundles quota per node.
         reports_per_minute: ReportMetrics quota per node.
+        rescoring_workers: worker processes that re-score submitted completions (0: in
+            the serving thread).
+        rescoring_budget_s: seconds one bundle's re-score may take before the bundle is
+            rejected with SCORING_TIMEOUT (an honest bundle takes milliseconds).
         tokenizer_uploads_per_minute: UploadTokenizer quota per node.
         registrations_per_minute: new node ids accepted per minute, all peers together.
         registrations_per_host_per_minute: new node ids per minute from one peer host.
@@ -126,6 +130,8 @@ class CoordinatorConfig(BaseSettings):
     bundle_bytes_per_minute: int = Field(default=64 * MIB, ge=1024)
     pulls_per_minute: float = Field(default=600, gt=0)
     reports_per_minute: float = Field(default=60, gt=0)
+    rescoring_workers: int = Field(default=1, ge=0, le=64)
+    rescoring_budget_s: float = Field(default=2.0, gt=0, le=60)
     tokenizer_uploads_per_minute: float = Field(default=4, gt=0)
     registrations_per_minute: float = Field(default=30, gt=0)
     registrations_per_host_per_minute: float = Field(default=10, gt=0)

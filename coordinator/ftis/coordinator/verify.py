@@ -32,7 +32,9 @@ Bundle checks run in exactly this order, cheapest first; the first failure raise
    the bundle is stored with ``text_verified = False``.
 8. re-score every completion with the shared scorer; claimed rewards (optional: an
    honest node cannot compute them, the answers never leave the coordinator) that differ
-   by more than :data:`REWARD_TOLERANCE` are *counted*, not rejected.
+   by more than :data:`REWARD_TOLERANCE` are *counted*, not rejected. The serving
+   coordinator runs this step in a worker process within a time budget
+   (``rescoring.RescoringPool``) ..................................... SCORING_TIMEOUT.
 
 Text checks are done only with the sender's own tokenizer (issue 13, class 2). Invariant:
 :func:`check_text` (whose TEXT_MISMATCH is a ban-grade proof, ``reputation.PROOF_CODES``)
@@ -60,6 +62,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ftis.coordinator.state.base import (
@@ -78,7 +81,7 @@ from ftis.protocol.bundles import (
 )
 from ftis.protocol.envelope import open_envelope, parse_envelope_bytes
 from ftis.protocol.errors import ErrorCode, FtisError
-from ftis.tasks import render_messages
+from ftis.tasks import TaskEntry, render_messages
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
@@ -270,30 +273,36 @@ def check_text(tokenizer: object, bundle: bundle_pb2.Bundle, question: str,
 
 
 def rescore(lease: LeaseRecord, bundle: bundle_pb2.Bundle) -> tuple[list[float], int]:
-    """Re-score every completion with the shared scorer.
-
-    A text longer than :data:`ftis.tasks.scoring.MAX_SCORED_TEXT_CHARS` scores 0 without
-    reaching the scorer (as it does in ``score_completion`` on the client), so the work
-    per completion is bounded whatever the structure check let through; extraction is
-    linear in the text (:mod:`ftis.tasks.scoring`): a few ms for the longest text.
+    """Re-score every completion with the shared scorer (:func:`rescore_texts` on the
+    lease's stored entry; ``rescoring.RescoringPool`` runs it in a worker process).
 
     Returns:
         ``(verified_rewards, reward_mismatches)``: one reward in [0, 1] per completion,
         and how many claimed rewards differ from it by more than 1e-6 (completions
         with no claim are not counted).
     """
+    claimed = [c.claimed_reward if c.HasField("claimed_reward") else None
+               for c in bundle.completions]
+    return rescore_texts(lease.entry, [c.text for c in bundle.completions], claimed)
+
+
+def rescore_texts(entry: TaskEntry, texts: list[str],
+                  claimed: list[float | None]) -> tuple[list[float], int]:
+    """The scorer's reward of each text under ``entry`` and the number of ``claimed``
+    rewards (``None``: no claim) that differ from it by more than
+    :data:`REWARD_TOLERANCE` (NaN claims count).
+
+    A text longer than :data:`ftis.tasks.scoring.MAX_SCORED_TEXT_CHARS` scores 0 without
+    reaching the scorer (as it does in ``score_completion`` on the client), so the work
+    per completion is bounded whatever the structure check let through; extraction is
+    linear in the text (:mod:`ftis.tasks.scoring`): a few ms for the longest text.
+    """
     from ftis.tasks.scoring import MAX_SCORED_TEXT_CHARS
 
-    rewards = [
-        0.0 if len(c.text) > MAX_SCORED_TEXT_CHARS else lease.entry.score(c.text)
-        for c in bundle.completions
-    ]
+    rewards = [0.0 if len(t) > MAX_SCORED_TEXT_CHARS else entry.score(t) for t in texts]
     mismatches = sum(
-        1
-        for c, r in zip(bundle.completions, rewards, strict=True)
-        if c.HasField("claimed_reward")
-        and not abs(c.claimed_reward - r) <= REWARD_TOLERANCE  # NaN claims count too
-    )
+        1 for c, r in zip(claimed, rewards, strict=True)
+        if c is not None and not abs(c - r) <= REWARD_TOLERANCE)
     return rewards, mismatches
 
 
@@ -355,6 +364,7 @@ def check_submission(
     quota: BundleQuota | None = None,
     tokenizer_id_bound: int | None = None,
     tokenizer_fingerprint: str | None = None,
+    score: Callable[[LeaseRecord, bundle_pb2.Bundle], tuple[list[float], int]] = rescore,
 ) -> VerifiedBundle:
     """Checks 3-8 of the module docstring on an opened envelope, against one read
     ``snapshot`` of the state. Pure: reads and writes nothing else.
@@ -369,6 +379,9 @@ def check_submission(
         tokenizer_id_bound: ``token_id_bound(tokenizer)`` if the caller has it
             remembered (``TokenizerCache.id_bound``); computed from ``tokenizer``
             otherwise.
+        score: check 8, ``(lease, bundle) -> (verified_rewards, reward_mismatches)``:
+            :func:`rescore` here, or ``RescoringPool.rescore`` (the same function in a
+            worker process with a time budget, SCORING_TIMEOUT past it).
 
     Raises:
         FtisError: the first failing check's code (see module docstring); for an
@@ -426,7 +439,7 @@ def check_submission(
             ErrorCode.TOKENIZER_REQUIRED,
             "no tokenizer uploaded for this fingerprint; call UploadTokenizer",
         )
-    rewards, mismatches = rescore(lease, bundle)
+    rewards, mismatches = score(lease, bundle)
     return VerifiedBundle(
         bundle=bundle,
         node=node,

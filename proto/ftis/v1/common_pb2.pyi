@@ -52,6 +52,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REQUEST_TOO_LARGE: _ClassVar[ErrorCode]
     LOGPROB_TOO_SMALL: _ClassVar[ErrorCode]
     PROMPT_TOO_LONG: _ClassVar[ErrorCode]
+    SCORING_TIMEOUT: _ClassVar[ErrorCode]
     INTERNAL: _ClassVar[ErrorCode]
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ENVELOPE_TOO_LARGE: ErrorCode
@@ -98,6 +99,7 @@ REGISTRATION_THROTTLED: ErrorCode
 REQUEST_TOO_LARGE: ErrorCode
 LOGPROB_TOO_SMALL: ErrorCode
 PROMPT_TOO_LONG: ErrorCode
+SCORING_TIMEOUT: ErrorCode
 INTERNAL: ErrorCode
 
 class Error(_message.Message):

@@ -64,6 +64,7 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
         verified = check_submission(
             opened, snapshot, now_ms=now,
             tokenizer=tokenizer, tokenizer_fingerprint=fingerprint,
+            score=ctx.rescoring.rescore,
             require_tokenizer=ctx.config.require_tokenizer,
             quota=BundleQuota(ctx.config.bundles_per_minute, ctx.config.bundle_bytes_per_minute),
             tokenizer_id_bound=(ctx.tokenizers.id_bound(fingerprint)

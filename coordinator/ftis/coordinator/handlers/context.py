@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ftis.coordinator.config import CoordinatorConfig
 from ftis.coordinator.quotas import Quotas
 from ftis.coordinator.reputation import ReputationConfig
+from ftis.coordinator.rescoring import RescoringPool
 from ftis.coordinator.state.base import State
 from ftis.coordinator.tokenizer_store import TokenizerCache
 from ftis.tasks import HeldoutSplit, TaskSource
@@ -140,6 +141,7 @@ class Context:
             registrations (a client's connection stays on one worker process; bundle
             quotas are counted in the database instead).
         tokenizers: per-process cache of uploaded tokenizers.
+        rescoring: re-scores submitted completions in worker processes, with a budget.
         seen: buffered last-seen times.
         nodes: node records reused by authentication for up to a second.
         policy: the reputation policy in force (settings row if set, else the config's).
@@ -151,6 +153,7 @@ class Context:
     tasks: TaskSource
     quotas: Quotas
     tokenizers: TokenizerCache
+    rescoring: RescoringPool = field(default_factory=lambda: RescoringPool(workers=0))
     seen: SeenBuffer = field(default_factory=SeenBuffer)
     nodes: NodeCache = field(default_factory=NodeCache)
     policy: ReputationConfig = field(default_factory=ReputationConfig)
@@ -176,6 +179,7 @@ class Context:
             ),
             tokenizers=TokenizerCache(state, config.tokenizer_cache_size,
                                       config.max_tokenizer_json_bytes),
+            rescoring=RescoringPool(config.rescoring_workers, config.rescoring_budget_s),
         )
         ctx.policy = ctx.load_policy()
         return ctx

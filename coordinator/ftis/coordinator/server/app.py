@@ -154,6 +154,7 @@ class CoordinatorServer:
                     admin.stop(None)
                     raise BindError(str(exc)) from None
                 log.warning("%s; serving without the status page and /metrics", exc)
+        self.ctx.rescoring.start()  # worker processes import the scorer meanwhile
         swarm.start()
         admin.start()
         self._swarm, self._admin = swarm, admin
@@ -211,6 +212,7 @@ class CoordinatorServer:
             self.ctx.seen.flush(self.state)
         except Exception:
             log.exception("flushing last-seen times failed")
+        self.ctx.rescoring.close()
         self.state.close()
         metrics.mark_process_dead()  # a worker of serve --workers N: its live files go
 

@@ -1,0 +1,155 @@
+"""Re-scoring outside the serving process, with a time budget (issue 13, class 8).
+
+The submit path's re-score (``verify.rescore``: ReasoningGYM's scorer on every
+completion's text) is CPU work a node can make expensive. In the serving process it
+holds the GIL that every other node's request needs. :class:`RescoringPool` runs it in
+worker processes (``spawn``: no fork of a threaded gRPC server) and bounds it:
+
+* inside a worker, ``SIGALRM`` (``setitimer``) interrupts a score that runs past
+  ``budget_s``; the bundle is then rejected with SCORING_TIMEOUT (the node pays −1, as
+  for any rejection);
+* the serving thread waits at most ``budget_s`` + :data:`GRACE_S` for its result (a
+  worker stuck inside C code cannot be interrupted by the alarm), then also answers
+  SCORING_TIMEOUT;
+* a broken pool (a worker killed) is replaced, and the bundle is scored once more in a
+  fresh pool.
+
+With ``workers = 0`` the score runs inline in the calling thread (tests, tiny setups),
+still bounded by nothing but the linear-time scorer. The maths is unchanged: the same
+``verify.rescore`` runs in either place, so pooled and inline verdicts are identical.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import threading
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+
+from ftis.coordinator.state.base import LeaseRecord
+from ftis.protocol.errors import ErrorCode, FtisError
+from ftis.tasks.source import TaskEntry
+from ftis.v1 import bundle_pb2
+
+log = logging.getLogger(__name__)
+
+#: Extra seconds the serving thread waits beyond the budget for a worker's answer.
+GRACE_S = 1.0
+
+
+class _Overrun(Exception):
+    """Raised in a worker by the alarm when a score runs past its budget."""
+
+
+def _alarm(_signum: int, _frame: object) -> None:
+    raise _Overrun
+
+
+def _init_worker() -> None:
+    """Worker start-up: the alarm handler, and the scorer imported once (ReasoningGYM
+    takes about a second to import)."""
+    signal.signal(signal.SIGALRM, _alarm)
+    import ftis.tasks.scoring  # noqa: F401
+
+
+def _warm() -> None:
+    """A no-op task: makes the executor start its worker processes."""
+
+
+def score_texts(entry_json: str, texts: list[str], claimed: list[float | None],
+                budget_s: float) -> tuple[list[float], int] | None:
+    """In a worker: ``verify.rescore`` of ``texts`` against the entry, or ``None`` when
+    the alarm fired after ``budget_s`` seconds (wall time)."""
+    from ftis.coordinator.verify import rescore_texts
+
+    signal.setitimer(signal.ITIMER_REAL, budget_s)
+    try:
+        return rescore_texts(TaskEntry.from_json(entry_json), texts, claimed)
+    except _Overrun:
+        return None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+class RescoringPool:
+    """Re-scores bundles in worker processes within a time budget (module docstring).
+
+    Args:
+        workers: worker processes; 0 scores inline in the calling thread.
+        budget_s: seconds one bundle's re-score may take (> 0).
+
+    Raises:
+        ValueError: ``workers < 0`` or ``budget_s <= 0``.
+    """
+
+    def __init__(self, workers: int = 1, budget_s: float = 2.0) -> None:
+        if workers < 0 or not budget_s > 0:
+            raise ValueError("workers must be >= 0 and budget_s > 0")
+        self.workers = workers
+        self.budget_s = budget_s
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    self.workers, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_init_worker)
+            return self._pool
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is broken:
+                self._pool = None
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def start(self) -> None:
+        """Start the worker processes now (each imports the scorer, about a second)
+        rather than on the first bundle; returns at once."""
+        if self.workers > 0:
+            pool = self._executor()
+            for _ in range(self.workers):
+                pool.submit(_warm)
+
+    def rescore(self, lease: LeaseRecord,
+                bundle: bundle_pb2.Bundle) -> tuple[list[float], int]:
+        """``(verified_rewards, reward_mismatches)`` as ``verify.rescore`` computes them.
+
+        Raises:
+            FtisError: SCORING_TIMEOUT when the re-score ran past ``budget_s``.
+        """
+        from ftis.coordinator.verify import rescore
+
+        if self.workers == 0:
+            return rescore(lease, bundle)
+        texts = [c.text for c in bundle.completions]
+        claimed = [c.claimed_reward if c.HasField("claimed_reward") else None
+                   for c in bundle.completions]
+        args = (lease.entry.to_json(), texts, claimed, self.budget_s)
+        for attempt in (1, 2):
+            pool = self._executor()
+            try:
+                future: Future = pool.submit(score_texts, *args)
+                result = future.result(timeout=self.budget_s + GRACE_S)
+            except BrokenProcessPool:
+                log.warning("re-scoring pool broken; replacing it (attempt %d)", attempt)
+                self._replace(pool)
+                continue
+            except FutureTimeout:
+                result = None
+            if result is None:
+                raise FtisError(ErrorCode.SCORING_TIMEOUT,
+                                f"re-scoring took longer than {self.budget_s:g} s")
+            return result
+        raise FtisError(ErrorCode.INTERNAL, "re-scoring pool failed twice")
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
