@@ -63,7 +63,89 @@ def _lps(b: bundle_pb2.Bundle) -> list[list[float]]:
 
 def test_kinds_all_have_a_node_class():
     assert set(NODE_CLASSES) == set(KINDS)
-    assert "honest" not in ATTACK_KINDS and len(ATTACK_KINDS) == 11
+    assert "honest" not in ATTACK_KINDS and len(ATTACK_KINDS) == 14
+    assert {"logprob_shade", "sybil_feedback", "answer_computer"} <= set(ATTACK_KINDS)
+    from ftis.client.experiment.security import EXPECTED_CODES
+
+    assert set(EXPECTED_CODES) == set(ATTACK_KINDS)
+
+
+def test_logprob_shade_lowers_every_logprob_by_ln_c():
+    from ftis.client.attack.nodes import AttackOptions
+    from ftis.client.learner.loss import LossConfig
+
+    assert AttackOptions().shade_truncation == LossConfig().truncation == 2.0
+    b = _bundle()
+    out = mutations.shade_logprobs(b, 2.0)
+    for before, after in zip(_lps(b), _lps(out), strict=True):
+        assert [x - y for x, y in zip(before, after, strict=True)] == pytest.approx(
+            [math.log(2.0)] * len(before))
+    assert _lps(b) == _lps(_bundle())  # the input is untouched
+    assert out.completions[0].token_ids == b.completions[0].token_ids
+    check_structure(out, BundleLimits(G, 8, VOCAB))  # still a valid bundle
+    for bad in (1.0, 0.5, math.inf):
+        with pytest.raises(ValueError):
+            mutations.shade_logprobs(b, bad)
+
+
+@pytest.mark.parametrize(("dataset", "question", "answer"), [
+    ("chain_sum", "State the final answer to the following arithmetic problem: "
+                  "12 + 7 - 30 =", "-11"),
+    ("products", "Solve the following multiplication: 123 * 45. Give only the result "
+                 "as your final answer.", "5535"),
+    ("gcd", "Find the Greatest Common Divisor (GCD) of these numbers: 462, 1071. Give "
+            "only the GCD as your final answer.", "21"),
+    ("letter_counting", "How many 'r' are in 'strawberry'?", None),
+    ("chain_sum", "What is: 3 * 4 =", None),
+])
+def test_computed_answer_parses_arithmetic_questions(dataset, question, answer):
+    assert mutations.computed_answer(dataset, question) == answer
+
+
+def test_computed_bundle_encodes_answers_with_the_tokenizer_and_made_up_logprobs():
+    from coordinator_helpers import VOCAB as TOKENIZER_VOCAB
+    from coordinator_helpers import load_tokenizer
+
+    tok = load_tokenizer()
+
+    def encode(text):
+        return tok.encode(text).ids
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=False)
+
+    lease = _lease("What is: 12 + 7 - 30 =")
+    b = mutations.computed_bundle(lease, "n" * 32, CARD, [1, 2], "prompt", "-11", encode,
+                                  decode, random.Random(0), eos_ids=(2,))
+    assert len(b.completions) == G and b.task_id == "mytask" and b.lease_id == "mylease"
+    for i, c in enumerate(b.completions):
+        assert c.text == decode(list(c.token_ids)) and c.token_ids[-1] == 2
+        assert list(c.token_ids[:-1]) == encode(c.text.rsplit(decode([2]), 1)[0])
+        assert len(c.logprobs) == len(c.token_ids)
+        assert all(-1.5 <= lp <= -0.05 for lp in c.logprobs)
+        assert not c.HasField("claimed_reward")
+        # the scorer reads the computed answer in even completions, answer + 1 in odd ones
+        expected = 1.0 if i % 2 == 0 else 0.0
+        assert score_completion("chain_sum", c.text, {"answer": "-11", "metadata": {}}
+                                ) == expected
+    check_structure(b, BundleLimits(G, 64, TOKENIZER_VOCAB))
+
+
+def test_sybil_reports_are_signed_by_each_ring_member_and_blame_the_others():
+    from ftis.protocol.auth import request_digest
+    from ftis.protocol.identity import verify_signature
+
+    ring = [NodeIdentity.generate() for _ in range(3)]
+    received = {"honest": ["b1", "b2"], ring[0].node_id: ["b3"]}
+    reqs = mutations.sybil_reports(ring, received, G, step=4, now_ms=1234)
+    assert [r.node_id for r in reqs] == [i.node_id for i in ring]
+    for ident, req in zip(ring, reqs, strict=True):
+        assert req.auth.timestamp_ms == 1234 and req.step == 4
+        assert verify_signature(ident.public_key, req.auth.signature,
+                                request_digest("ReportMetrics", 1234, req))
+        (fb,) = req.feedback  # ring members are left out
+        assert fb.sender_node_id == "honest" and list(fb.bundle_ids) == ["b1", "b2"]
+        assert (fb.invalid_bundles, fb.text_mismatches, fb.mean_log_ratio) == (2, 2 * G, 25.0)
 
 
 def test_reward_liar_claims_one_and_leaves_the_input():

@@ -50,7 +50,8 @@ def test_admin_message_has_every_reputation_field() -> None:
                               log_ratio_tolerance=2.0, auto_ban_on_proof=False,
                               feedback_cap=3.0, filtered_frac_limit=0.25,
                               corroborating_reporters=4, corroborated_cap=6.0,
-                              reporter_maturity_s=60.0)
+                              reporter_maturity_s=60.0, shift_margin=0.1, shift_z=2.0,
+                              shift_min_completions=4)
     message = convert.reputation_config(custom)
     assert convert.reputation_config_from_proto(message, ReputationConfig()) == custom
     # fields left unset keep the base's values

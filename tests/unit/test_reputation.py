@@ -71,6 +71,33 @@ def test_feedback_rules() -> None:
     assert rep.capped(0.3, 0.0, cfg) == 0.3
 
 
+def test_shift_test_is_one_sided_beyond_margin_and_noise() -> None:
+    """Issue 13, class 4: honest senders' expected mean log-ratio is -KL <= 0; a report is
+    negative when mean - 3 x stderr > 0.05 nats/token with at least 8 completions."""
+    cfg = ReputationConfig()
+    assert (cfg.shift_margin, cfg.shift_z, cfg.shift_min_completions) == (0.05, 3.0, 8)
+    # the review's shading: +ln 2 per token, stderr 0.02 -> 0.693 - 0.06 = 0.633 > 0.05
+    assert rep.shift_detected(math.log(2), 0.02, 8, cfg)
+    # too few completions to trust the standard error
+    assert not rep.shift_detected(math.log(2), 0.02, 7, cfg)
+    # clients that predate the statistic send 0 completions: never detected
+    assert not rep.shift_detected(1.4, 0.0, 0, cfg)
+    # 0.20 - 3 x 0.05 = 0.05: not above the margin; 0.2001: just above
+    assert not rep.shift_detected(0.20, 0.05, 8, cfg)
+    assert rep.shift_detected(0.2001, 0.05, 8, cfg)
+    # one-sided: honest drift (mean -KL) and inflated log-probs are not a shift
+    assert not rep.shift_detected(-0.9, 0.0, 100, cfg)
+    # noisy: 0.30 - 3 x 0.10 = 0.0
+    assert not rep.shift_detected(0.30, 0.10, 100, cfg)
+    assert not rep.shift_detected(math.log(2), 0.0, 100,
+                                  cfg.updated(shift_min_completions=0))  # 0 = off
+    # in the feedback rule, within the old tolerance of 1.5
+    values = dict(text_mismatches=0, invalid_bundles=0, mean_log_ratio=math.log(2),
+                  filtered_frac=0.0, cfg=cfg)
+    assert not rep.feedback_is_negative(**values)  # no shift statistics: as before
+    assert rep.feedback_is_negative(**values, log_ratio_stderr=0.02, log_ratio_completions=8)
+
+
 def test_config_validation() -> None:
     for bad in (
         {"quarantine_threshold": 1.5},
@@ -78,6 +105,9 @@ def test_config_validation() -> None:
         {"probation_bundles": -1},
         {"feedback_weight": math.nan},
         {"log_ratio_tolerance": 0},
+        {"shift_margin": -0.1},
+        {"shift_z": math.inf},
+        {"shift_min_completions": -1},
     ):
         with pytest.raises(ValueError):
             ReputationConfig(**bad)
@@ -362,7 +392,8 @@ def test_praise_cannot_lift_a_quarantine(coord) -> None:
 
 
 @pytest.mark.parametrize("case", ["unknown", "self", "no-bundle", "foreign", "nan", "inf",
-                                  "negative", "fraction", "many-ids"])
+                                  "negative", "fraction", "many-ids", "stderr-negative",
+                                  "stderr-inf", "completions-negative"])
 def test_invalid_feedback_entry_is_dropped_and_charged_the_rest_applied(coord, case) -> None:
     """One invalid entry (issue 13, class 5) no longer voids the report: it is dropped
     with its reason, the reporter is charged -1 once, and the valid entries and the
@@ -381,6 +412,9 @@ def test_invalid_feedback_entry_is_dropped_and_charged_the_rest_applied(coord, c
         "negative": _feedback(sender, text_mismatches=-1),
         "fraction": _feedback(sender, filtered_frac=1.5),
         "many-ids": _feedback(sender, [theirs.bundle_id] * 65),
+        "stderr-negative": _feedback(sender, log_ratio_stderr=-0.01),
+        "stderr-inf": _feedback(sender, log_ratio_stderr=math.inf),
+        "completions-negative": _feedback(sender, log_ratio_completions=-8),
     }[case]
     good = [_feedback(other, [r.bundle_id], mean_log_ratio=0.1) for r in (theirs, second)]
     dropped = coord.report_metrics(reporter.node_id, 1, {"loss": 0.1}, [good[0], bad, good[1]])

@@ -158,3 +158,22 @@ def test_disputed_needs_enough_reporters():
     assert not reputation.disputed(1, CFG)
     assert reputation.disputed(2, CFG)
     assert not reputation.disputed(5, ReputationConfig(corroborating_reporters=0))
+
+
+def test_shaded_logprobs_report_is_negative_within_the_old_tolerance():
+    """Issue 13, class 4: +ln 2 nats/token (every sampler log-prob lowered by ln C, C = 2)
+    counted as praise under |mean| <= 1.5; with its completion count and standard error
+    the same report is negative evidence (0.693 - 3 x 0.04 = 0.573 > 0.05)."""
+    reporter = Standing(6.0, 0.0, NOW)  # score 0.875 -> weight 0.4375
+    old = FeedbackEntry("s", groups=4, tokens=400, mean_log_ratio=0.693)
+    new = FeedbackEntry("s", groups=4, tokens=400, mean_log_ratio=0.693,
+                        log_ratio_completions=16, log_ratio_stderr=0.04)
+    honest = FeedbackEntry("h", groups=4, tokens=400, mean_log_ratio=-0.02,
+                           log_ratio_completions=16, log_ratio_stderr=0.04)
+    out = reputation.feedback_evidence("r", reporter, [old], [SenderView(False)], NOW, CFG)
+    assert out[0][1].weight == pytest.approx(0.4375)  # what the review saw
+    out = reputation.feedback_evidence("r", reporter, [new, honest],
+                                       [SenderView(False), SenderView(False)], NOW, CFG)
+    assert [(n, e.weight) for n, e in out] == [("s", pytest.approx(-0.4375)),
+                                               ("h", pytest.approx(0.4375))]
+    assert "stderr 0.040, 16 completions" in out[0][1].detail

@@ -272,3 +272,85 @@ def test_cross_tokenizer_groups_carry_no_token_logprobs_and_pack():
     token = groups_to_samples(_groups()[:1], scale_by_std=False)
     with pytest.raises(ValueError):
         pack(samples + token, 0)
+
+
+# -- issue 13, class 4: the receiver's statistics for the shading test -------------------
+
+
+def test_log_ratio_stderr_is_the_ratio_estimators_standard_error():
+    import math
+
+    from ftis.client.learner.trainer import log_ratio_stderr
+
+    # R = 4 / 4 = 1; residuals S - R L = -1, 1; sqrt(2/1 x 2) / 4 = 0.5
+    assert log_ratio_stderr([1.0, 3.0], [2, 2]) == pytest.approx(0.5)
+    # R = 4.5 / 6 = 0.75; residuals -0.25, -0.5, 0.75; sqrt(3/2 x 0.875) / 6
+    assert log_ratio_stderr([0.5, 1.0, 3.0], [1, 2, 3]) == pytest.approx(
+        math.sqrt(1.5 * 0.875) / 6)
+    # shading every token by d moves S_i by d L_i and R by d: the spread is unchanged
+    d = math.log(2)
+    assert log_ratio_stderr([0.5 + d, 1.0 + 2 * d, 3.0 + 3 * d], [1, 2, 3]) == pytest.approx(
+        math.sqrt(1.5 * 0.875) / 6)
+    assert log_ratio_stderr([2.0], [4]) == 0.0 and log_ratio_stderr([], []) == 0.0
+    with pytest.raises(ValueError):
+        log_ratio_stderr([1.0], [1, 2])
+    with pytest.raises(ValueError):
+        log_ratio_stderr([1.0, 2.0], [1, 0])
+
+
+def _sampled_group(model, prompt, n, length, sender, generator):
+    """``n`` completions of ``length`` tokens drawn from ``model`` with their log-probs."""
+    rows, lps = [], []
+    with torch.no_grad():
+        for _ in range(n):
+            ids, lp = list(prompt), []
+            for _ in range(length):
+                logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1]
+                                         .double(), -1)
+                token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+                ids.append(token)
+                lp.append(float(logp[token]))
+            rows.append(ids[len(prompt):])
+            lps.append(lp)
+    rewards = [float(i % 2) for i in range(n)]
+    return RolloutGroup(list(prompt), rows, lps, rewards, local=False, sender=sender)
+
+
+def test_shaded_logprobs_give_the_receiver_a_detectable_shift(tiny_policy_factory):
+    """Issue 13, class 4: a sender samples from its own (slightly different) model; an
+    honest copy reports its log-probs, a shading copy the same minus ln 2 (C = 2). The
+    receiver's per-sender statistics differ by exactly ln 2 nats/token with the same
+    standard error, and the coordinator's test flags the shader only."""
+    import math
+
+    from ftis.client.node.runner import sender_feedback
+    from ftis.coordinator.reputation import ReputationConfig, shift_detected
+
+    pol = tiny_policy_factory()
+    sender_model = copy.deepcopy(pol.model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # the sender's own training history: a perturbed copy
+        for p in sender_model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=gen))
+    honest = [_sampled_group(sender_model, [1, 5 + k], 4, 12, "honest", gen) for k in range(3)]
+    shaded = [RolloutGroup(g.prompt_ids, g.completions,
+                           [[lp - math.log(2.0) for lp in row] for row in g.gen_logprobs],
+                           g.rewards, local=False, sender="shader") for g in honest]
+    learner = Learner(copy.deepcopy(pol.model), LearnerConfig(learning_rate=0.0), 0)
+    learner.step(honest + shaded)
+    h, s = learner.sender_stats["honest"], learner.sender_stats["shader"]
+    assert h.log_ratio_completions == s.log_ratio_completions == 12
+    assert h.tokens == s.tokens == 144
+    assert s.mean_log_ratio - h.mean_log_ratio == pytest.approx(math.log(2), abs=1e-5)
+    assert s.log_ratio_stderr == pytest.approx(h.log_ratio_stderr, rel=1e-4)
+    assert h.mean_log_ratio < 0.05 and 0 < h.log_ratio_stderr < 0.1
+    cfg = ReputationConfig()
+    report = {f.sender_node_id: f for f in sender_feedback(learner.sender_stats,
+                                                           honest + shaded)}
+    assert report["shader"].log_ratio_completions == 12
+    assert report["shader"].log_ratio_stderr == pytest.approx(s.log_ratio_stderr)
+    assert abs(report["shader"].mean_log_ratio) < cfg.log_ratio_tolerance  # the old rule
+    verdicts = {name: shift_detected(f.mean_log_ratio, f.log_ratio_stderr,
+                                     f.log_ratio_completions, cfg)
+                for name, f in report.items()}
+    assert verdicts == {"honest": False, "shader": True}

@@ -97,6 +97,13 @@ class ReputationConfig:
         reporter_maturity_s: a reporter's feedback weight grows linearly with its age
             (seconds since registration) up to full weight at this age; a reporter on
             probation or quarantined has weight 0 (docs/reputation.md "Who may report").
+        shift_margin: mean log-ratio (nats/token) an honest sender's reports cannot
+            exceed except by noise; a report whose mean exceeds it by ``shift_z``
+            standard errors is negative (deflated, "shaded" log-probs; issue 13, class 4;
+            :func:`shift_detected`). Honest expectation: <= 0.
+        shift_z: standard errors of margin before a shift counts (one-sided).
+        shift_min_completions: token-aligned completions a report needs before its
+            shift is tested (the standard error of fewer is unreliable); 0 = off.
     """
 
     quarantine_threshold: float = 0.3
@@ -111,6 +118,9 @@ class ReputationConfig:
     corroborating_reporters: int = 2
     corroborated_cap: float = 10.0
     reporter_maturity_s: float = 1800.0
+    shift_margin: float = 0.05
+    shift_z: float = 3.0
+    shift_min_completions: int = 8
 
     def __post_init__(self) -> None:
         problems = validate(self)
@@ -158,6 +168,13 @@ def validate(cfg: ReputationConfig) -> list[str]:
         problems.append(f"corroborated_cap must be >= feedback_cap, got {cfg.corroborated_cap}")
     if not (math.isfinite(cfg.reporter_maturity_s) and cfg.reporter_maturity_s >= 0):
         problems.append(f"reporter_maturity_s must be >= 0, got {cfg.reporter_maturity_s}")
+    if not (math.isfinite(cfg.shift_margin) and cfg.shift_margin >= 0):
+        problems.append(f"shift_margin must be >= 0, got {cfg.shift_margin}")
+    if not (math.isfinite(cfg.shift_z) and cfg.shift_z >= 0):
+        problems.append(f"shift_z must be >= 0, got {cfg.shift_z}")
+    if not (isinstance(cfg.shift_min_completions, int) and cfg.shift_min_completions >= 0):
+        problems.append(f"shift_min_completions must be an int >= 0, got "
+                        f"{cfg.shift_min_completions}")
     return problems
 
 
@@ -283,6 +300,37 @@ def bundle_evidence(reward_mismatches: int, bundle_id: str, disputed: bool = Fal
     return Evidence(kind=BUNDLE_VERIFIED, weight=WEIGHT_BUNDLE_VERIFIED, bundle_id=bundle_id)
 
 
+def shift_detected(mean_log_ratio: float, log_ratio_stderr: float, completions: int,
+                   cfg: ReputationConfig) -> bool:
+    """Whether a receiver's statistics show a sender's sampler log-probs shifted down
+    ("shaded", issue 13, class 4; docs/reputation.md "Shaded log-probs").
+
+    For an honest sender every token ``y`` is drawn from the distribution ``q`` whose
+    log-prob it reports, so whatever the receiver's model ``p`` (its own drift, another
+    checkpoint or temperature of the same tokenizer), the expected per-token log-ratio is
+    ``E_q[log p(y) - log q(y)] = -KL(q || p) <= 0`` (Gibbs' inequality). A sender that
+    lowers every log-prob by ``d`` nats raises it by ``d``. The test is one-sided:
+
+        completions >= shift_min_completions
+        and mean_log_ratio - shift_z * log_ratio_stderr > shift_margin
+
+    Args:
+        mean_log_ratio: the sender's mean of ``lp_learner - lp_gen`` over its tokens
+            (nats/token).
+        log_ratio_stderr: its standard error (nats/token), completions as independent
+            draws (the receiver's ``trainer.log_ratio_stderr``).
+        completions: token-aligned completions behind the mean (0 from clients that
+            predate the statistic: never detected).
+        cfg: ``shift_margin`` (nats/token), ``shift_z``, ``shift_min_completions``.
+
+    Returns:
+        ``True`` when the shift is detected (the report is negative evidence).
+    """
+    if cfg.shift_min_completions <= 0 or completions < cfg.shift_min_completions:
+        return False
+    return mean_log_ratio - cfg.shift_z * log_ratio_stderr > cfg.shift_margin
+
+
 def feedback_is_negative(
     *,
     text_mismatches: int,
@@ -290,13 +338,18 @@ def feedback_is_negative(
     mean_log_ratio: float,
     filtered_frac: float,
     cfg: ReputationConfig,
+    log_ratio_stderr: float = 0.0,
+    log_ratio_completions: int = 0,
 ) -> bool:
-    """Whether one receiver report about a sender counts against it."""
+    """Whether one receiver report about a sender counts against it: text mismatches,
+    invalid bundles, ``|mean_log_ratio| > log_ratio_tolerance``, ``filtered_frac >
+    filtered_frac_limit``, or a one-sided shift (:func:`shift_detected`)."""
     return (
         text_mismatches > 0
         or invalid_bundles > 0
         or abs(mean_log_ratio) > cfg.log_ratio_tolerance
         or filtered_frac > cfg.filtered_frac_limit
+        or shift_detected(mean_log_ratio, log_ratio_stderr, log_ratio_completions, cfg)
     )
 
 
@@ -381,6 +434,9 @@ class FeedbackEntry:
             (nats/token).
         filtered_frac, truncated_frac: shares of its completions the F-TIS gate dropped
             and whose importance weight was truncated, in [0, 1].
+        log_ratio_completions, log_ratio_stderr: token-aligned completions behind
+            ``mean_log_ratio`` and its standard error (nats/token), for
+            :func:`shift_detected`.
     """
 
     sender_id: str
@@ -392,6 +448,8 @@ class FeedbackEntry:
     truncated_frac: float = 0.0
     text_mismatches: int = 0
     invalid_bundles: int = 0
+    log_ratio_completions: int = 0
+    log_ratio_stderr: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -435,8 +493,9 @@ def feedback_evidence(
     about ``entries[i]``'s sender before the report.
 
     Each entry is negative if it reports text mismatches or invalid bundles,
-    ``|mean_log_ratio| > log_ratio_tolerance`` or ``filtered_frac > filtered_frac_limit``,
-    else positive; weight ``feedback_weight x reporter score x factor`` (``factor`` is
+    ``|mean_log_ratio| > log_ratio_tolerance``, ``filtered_frac > filtered_frac_limit`` or
+    a one-sided log-prob shift (:func:`shift_detected`), else positive; weight
+    ``feedback_weight x reporter score x factor`` (``factor`` is
     :func:`reporter_factor`), capped per (reporter, sender) and direction at
     ``feedback_cap`` within one half-life, or at ``corroborated_cap`` when at least
     ``corroborating_reporters`` distinct reporters agree on a negative. An entry with no
@@ -461,7 +520,9 @@ def feedback_evidence(
             continue
         negative = feedback_is_negative(
             text_mismatches=f.text_mismatches, invalid_bundles=f.invalid_bundles,
-            mean_log_ratio=f.mean_log_ratio, filtered_frac=f.filtered_frac, cfg=cfg)
+            mean_log_ratio=f.mean_log_ratio, filtered_frac=f.filtered_frac, cfg=cfg,
+            log_ratio_stderr=f.log_ratio_stderr,
+            log_ratio_completions=f.log_ratio_completions)
         counts = view.counted_bundles > 0 and not (view.sender_quarantined and not negative)
         raw = feedback_weight(negative, score(good, bad), cfg) * factor if counts else 0.0
         corroborated = negative and disputed(
@@ -475,6 +536,7 @@ def feedback_evidence(
         detail = (
             f"{'negative' if negative else 'positive'}: groups={f.groups} "
             f"tokens={f.tokens} mean_log_ratio={f.mean_log_ratio:.3f} "
+            f"(stderr {f.log_ratio_stderr:.3f}, {f.log_ratio_completions} completions) "
             f"filtered={f.filtered_frac:.2f} truncated={f.truncated_frac:.2f} "
             f"text_mismatches={f.text_mismatches} invalid_bundles={f.invalid_bundles}"
         )

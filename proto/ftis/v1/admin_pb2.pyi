@@ -72,7 +72,7 @@ class Evidence(_message.Message):
     def __init__(self, at_ms: _Optional[int] = ..., kind: _Optional[str] = ..., weight: _Optional[float] = ..., detail: _Optional[str] = ..., reporter_node_id: _Optional[str] = ..., bundle_id: _Optional[str] = ...) -> None: ...
 
 class ReputationConfig(_message.Message):
-    __slots__ = ("quarantine_threshold", "half_life_s", "probation_bundles", "probation_threshold", "feedback_weight", "log_ratio_tolerance", "auto_ban_on_proof", "feedback_cap", "filtered_frac_limit", "corroborating_reporters", "corroborated_cap", "reporter_maturity_s")
+    __slots__ = ("quarantine_threshold", "half_life_s", "probation_bundles", "probation_threshold", "feedback_weight", "log_ratio_tolerance", "auto_ban_on_proof", "feedback_cap", "filtered_frac_limit", "corroborating_reporters", "corroborated_cap", "reporter_maturity_s", "shift_margin", "shift_z", "shift_min_completions")
     QUARANTINE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     HALF_LIFE_S_FIELD_NUMBER: _ClassVar[int]
     PROBATION_BUNDLES_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,9 @@ class ReputationConfig(_message.Message):
     CORROBORATING_REPORTERS_FIELD_NUMBER: _ClassVar[int]
     CORROBORATED_CAP_FIELD_NUMBER: _ClassVar[int]
     REPORTER_MATURITY_S_FIELD_NUMBER: _ClassVar[int]
+    SHIFT_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    SHIFT_Z_FIELD_NUMBER: _ClassVar[int]
+    SHIFT_MIN_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     quarantine_threshold: float
     half_life_s: float
     probation_bundles: int
@@ -97,7 +100,10 @@ class ReputationConfig(_message.Message):
     corroborating_reporters: int
     corroborated_cap: float
     reporter_maturity_s: float
-    def __init__(self, quarantine_threshold: _Optional[float] = ..., half_life_s: _Optional[float] = ..., probation_bundles: _Optional[int] = ..., probation_threshold: _Optional[float] = ..., feedback_weight: _Optional[float] = ..., log_ratio_tolerance: _Optional[float] = ..., auto_ban_on_proof: _Optional[bool] = ..., feedback_cap: _Optional[float] = ..., filtered_frac_limit: _Optional[float] = ..., corroborating_reporters: _Optional[int] = ..., corroborated_cap: _Optional[float] = ..., reporter_maturity_s: _Optional[float] = ...) -> None: ...
+    shift_margin: float
+    shift_z: float
+    shift_min_completions: int
+    def __init__(self, quarantine_threshold: _Optional[float] = ..., half_life_s: _Optional[float] = ..., probation_bundles: _Optional[int] = ..., probation_threshold: _Optional[float] = ..., feedback_weight: _Optional[float] = ..., log_ratio_tolerance: _Optional[float] = ..., auto_ban_on_proof: _Optional[bool] = ..., feedback_cap: _Optional[float] = ..., filtered_frac_limit: _Optional[float] = ..., corroborating_reporters: _Optional[int] = ..., corroborated_cap: _Optional[float] = ..., reporter_maturity_s: _Optional[float] = ..., shift_margin: _Optional[float] = ..., shift_z: _Optional[float] = ..., shift_min_completions: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

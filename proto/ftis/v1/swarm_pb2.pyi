@@ -167,7 +167,7 @@ class PullBundlesResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., bundles: _Optional[_Iterable[_Union[RelayedBundle, _Mapping]]] = ..., next_cursor: _Optional[int] = ...) -> None: ...
 
 class SenderFeedback(_message.Message):
-    __slots__ = ("sender_node_id", "groups", "tokens", "mean_log_ratio", "filtered_frac", "truncated_frac", "text_mismatches", "invalid_bundles", "bundle_ids")
+    __slots__ = ("sender_node_id", "groups", "tokens", "mean_log_ratio", "filtered_frac", "truncated_frac", "text_mismatches", "invalid_bundles", "bundle_ids", "log_ratio_completions", "log_ratio_stderr")
     SENDER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +177,8 @@ class SenderFeedback(_message.Message):
     TEXT_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     INVALID_BUNDLES_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOG_RATIO_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    LOG_RATIO_STDERR_FIELD_NUMBER: _ClassVar[int]
     sender_node_id: str
     groups: int
     tokens: int
@@ -186,7 +188,9 @@ class SenderFeedback(_message.Message):
     text_mismatches: int
     invalid_bundles: int
     bundle_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, sender_node_id: _Optional[str] = ..., groups: _Optional[int] = ..., tokens: _Optional[int] = ..., mean_log_ratio: _Optional[float] = ..., filtered_frac: _Optional[float] = ..., truncated_frac: _Optional[float] = ..., text_mismatches: _Optional[int] = ..., invalid_bundles: _Optional[int] = ..., bundle_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    log_ratio_completions: int
+    log_ratio_stderr: float
+    def __init__(self, sender_node_id: _Optional[str] = ..., groups: _Optional[int] = ..., tokens: _Optional[int] = ..., mean_log_ratio: _Optional[float] = ..., filtered_frac: _Optional[float] = ..., truncated_frac: _Optional[float] = ..., text_mismatches: _Optional[int] = ..., invalid_bundles: _Optional[int] = ..., bundle_ids: _Optional[_Iterable[str]] = ..., log_ratio_completions: _Optional[int] = ..., log_ratio_stderr: _Optional[float] = ...) -> None: ...
 
 class ReportMetricsRequest(_message.Message):
     __slots__ = ("node_id", "step", "values", "feedback", "auth")

@@ -23,5 +23,8 @@ KINDS = (
     "sybil_burst",
     "false_reporter",
     "replay_frame",
+    "logprob_shade",
+    "sybil_feedback",
+    "answer_computer",
 )
 ATTACK_KINDS = KINDS[1:]

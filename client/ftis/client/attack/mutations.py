@@ -6,9 +6,12 @@ unit-testable on a synthetic bundle (``tests/unit/test_attacks_unit.py``).
 
 from __future__ import annotations
 
+import math
 import random
+import re
 from collections.abc import Callable, Iterable
 
+from ftis.protocol.auth import sign_request
 from ftis.protocol.envelope import seal, signing_digest
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import bundle_pb2, swarm_pb2
@@ -55,6 +58,68 @@ def shift_logprobs(bundle: bundle_pb2.Bundle, nats: float = 5.0) -> bundle_pb2.B
         del c.logprobs[:]
         c.logprobs.extend(lps)
     return out
+
+
+def shade_logprobs(bundle: bundle_pb2.Bundle, truncation: float = 2.0) -> bundle_pb2.Bundle:
+    """``logprob_shade`` (issue 13, class 4): every sampler log-prob lowered by
+    ``ln truncation`` nats, so a receiver whose model agrees with the sender's sees a
+    per-token importance weight of exactly C = ``truncation`` (the learner's cap), with a
+    mean log-ratio of ln C (0.693 for C = 2), inside the old 1.5-nat tolerance.
+
+    Raises:
+        ValueError: if ``truncation`` is not finite and > 1.
+    """
+    if not (math.isfinite(truncation) and truncation > 1.0):
+        raise ValueError(f"truncation C must be finite and > 1, got {truncation!r}")
+    return shift_logprobs(bundle, math.log(truncation))
+
+
+def computed_answer(dataset: str, question: str) -> str | None:
+    """The answer of an arithmetic task computed from its question alone
+    (``answer_computer``, issue 13, class 1: the lease carries no answer): ``gcd``
+    (``... numbers: a, b. ...``), ``products`` (``... a * b ...``) and ``chain_sum``
+    (``...: a + b - c =``). ``None`` for other datasets or a question it cannot parse."""
+    try:
+        if dataset == "gcd":
+            numbers = re.findall(r"\d+", question.split(":", 1)[1])
+            return str(math.gcd(*(int(n) for n in numbers))) if numbers else None
+        if dataset == "products":
+            found = re.findall(r"(-?\d+) \* (-?\d+)", question)
+            return str(int(found[0][0]) * int(found[0][1])) if found else None
+        if dataset == "chain_sum":
+            tokens = question.rsplit(":", 1)[-1].strip().rstrip("=").split()
+            total = int(tokens[0])
+            for op, number in zip(tokens[1::2], tokens[2::2], strict=True):
+                if op not in ("+", "-"):
+                    return None
+                total = total + int(number) if op == "+" else total - int(number)
+            return str(total)
+    except (ValueError, IndexError):
+        return None
+    return None
+
+
+def computed_bundle(lease: swarm_pb2.TaskLease, node_id: str, card: bundle_pb2.ModelCard,
+                    prompt_ids: list[int], prompt_text: str, answer: str,
+                    encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+                    rng: random.Random, eos_ids: tuple[int, ...] = ()) -> bundle_pb2.Bundle:
+    """``answer_computer``: a bundle made with no model. Completion ``i`` is a little text
+    ending in ``<answer>X</answer>`` with X the computed ``answer`` for even ``i`` and
+    ``answer + 1`` for odd ``i`` (so the group has reward variance and is relayed),
+    encoded with the real tokenizer (``encode``; then ``eos_ids``), text = ``decode``;
+    made-up log-probs drawn uniformly from [-1.5, -0.05] nats per token; no claims."""
+    comps = []
+    for i in range(max(lease.group_size, 1)):
+        value = answer if i % 2 == 0 or not answer.lstrip("-").isdigit() else str(int(answer) + 1)
+        ids = [*encode(f"Working it out step by step. <answer>{value}</answer>"), *eos_ids]
+        comps.append(bundle_pb2.Completion(
+            token_ids=ids, logprobs=[rng.uniform(-1.5, -0.05) for _ in ids], text=decode(ids),
+            finish_reason=bundle_pb2.FINISH_REASON_STOP))
+    return bundle_pb2.Bundle(
+        task_id=lease.task_id, lease_id=lease.lease_id, node_id=node_id, model_card=card,
+        sampling=bundle_pb2.SamplingParams(temperature=1.0, top_p=1.0,
+                                           max_new_tokens=lease.max_new_tokens),
+        prompt_token_ids=prompt_ids, prompt_text=prompt_text, completions=comps)
 
 
 def answer_text(answer: str) -> str:
@@ -131,6 +196,24 @@ def false_feedback(received: dict[str, list[str]], group_size: int, tokens_per_g
     return out
 
 
+def sybil_reports(identities: list[NodeIdentity], received: dict[str, list[str]],
+                  group_size: int, step: int, now_ms: int,
+                  log_ratio: float = 25.0) -> list[swarm_pb2.ReportMetricsRequest]:
+    """``sybil_feedback`` (issue 13, class 3): one signed ReportMetrics request per ring
+    identity, each blaming every sender whose relayed bundles the attacking node received
+    (``{sender: [bundle ids]}``, the node's own pulled ids) with the worst statistics
+    (:func:`false_feedback`). Senders that are ring members are left out."""
+    ring = {ident.node_id for ident in identities}
+    honest = {s: ids for s, ids in received.items() if s not in ring}
+    out = []
+    for ident in identities:
+        request = swarm_pb2.ReportMetricsRequest(
+            node_id=ident.node_id, step=step, values={"loss": 0.0},
+            feedback=false_feedback(honest, group_size, log_ratio=log_ratio))
+        out.append(sign_request(request, "ReportMetrics", ident, now_ms=now_ms))
+    return out
+
+
 def oversized_bundle(lease: swarm_pb2.TaskLease, node_id: str, card: bundle_pb2.ModelCard,
                      size_bytes: int) -> bundle_pb2.Bundle:
     """A bundle for ``lease`` whose prompt text pads the payload past ``size_bytes``."""
@@ -149,8 +232,6 @@ def random_tokens_bundle(lease: swarm_pb2.TaskLease, node_id: str, card: bundle_
                          low_token: int = 3) -> bundle_pb2.Bundle:
     """``flooder``: a structurally valid bundle of uniformly random tokens (no model run),
     log-probs ``-log(V)``, text = decode, no reward claims. Cheap to make in bulk."""
-    import math
-
     vocab = int(card.vocab_size)
     lp = -math.log(max(vocab, 2))
     comps = []

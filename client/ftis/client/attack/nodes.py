@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from ftis.client.attack import mutations
+from ftis.client.learner.loss import LossConfig
 from ftis.client.node.runner import RoundResult, VolunteerNode
 from ftis.client.rollout.groups import RolloutGroup
 from ftis.protocol.bundles import MAX_BUNDLE_BYTES, MAX_GRPC_MESSAGE_BYTES
@@ -50,6 +51,9 @@ class AttackOptions:
     wait_for: str = ""  # start the first round only once this file exists
     replay_foreign: int = 8  # replay: victim envelopes resubmitted as-is per round
     frame_per_round: int = 40  # replay_frame: victim envelopes resubmitted per round
+    #: logprob_shade: log-probs lowered by ln C, C = the learner's truncation default
+    shade_truncation: float = LossConfig().truncation
+    sybil_ring: int = 2  # sybil_feedback: fresh identities in the ring
 
 
 class AttackLog:
@@ -189,6 +193,18 @@ class LogprobDeflateNode(AttackNode):
 
     def mutate(self, bundle, lease, prompt_ids, prompt_text):  # noqa: ANN001
         return mutations.shift_logprobs(bundle, self.options.deflate_nats)
+
+
+class LogprobShadeNode(AttackNode):
+    """Sampler log-probs lowered by ln C (C = ``shade_truncation``, the learner's cap):
+    every token of its groups gets the largest importance weight a receiver allows, while
+    the mean log-ratio (0.693 for C = 2) stays inside the old 1.5-nat tolerance (issue 13,
+    class 4)."""
+
+    kind = "logprob_shade"
+
+    def mutate(self, bundle, lease, prompt_ids, prompt_text):  # noqa: ANN001
+        return mutations.shade_logprobs(bundle, self.options.shade_truncation)
 
 
 class TextMismatchNode(AttackNode):
@@ -335,6 +351,57 @@ class FalseReporterNode(AttackNode):
         return fb
 
 
+class SybilFeedbackNode(AttackNode):
+    """Honest bundles and feedback of its own; in addition a ring of ``sybil_ring`` fresh
+    identities (registered on the first round with the node's card, no bundles of their
+    own) each send, every round, negative feedback on every other sender whose relayed
+    bundles this node received, naming the bundle ids the node pulled (issue 13, class 3).
+    """
+
+    kind = "sybil_feedback"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ring: list[NodeIdentity] = []
+
+    def _register_ring(self) -> None:
+        codes: Counter[str] = Counter()
+        for _ in range(self.options.sybil_ring):
+            ident = NodeIdentity.generate()
+            payload = swarm_pb2.RegisterPayload(
+                model_card=self.policy.card, client_version="ftis-client/0.1.0",
+                timestamp_ms=int(time.time() * 1000), display_name="sybil")
+            code, reason, resp = call_code(self.conn.stub.Register, swarm_pb2.RegisterRequest(
+                envelope=seal("register", payload, ident)), timeout=30)
+            code, _ = GarbageNode._in_band(code, reason, resp)
+            codes[code_label(code)] += 1
+            if code == 0:
+                self.ring.append(ident)
+        self.log("sybil_ring", registered=[i.node_id for i in self.ring],
+                 register_codes=dict(codes))
+
+    def feedback(self, external):  # noqa: ANN001
+        own = super().feedback(external)
+        if not self.ring:
+            self._register_ring()
+        received: dict[str, list[str]] = {}
+        for g in [*external, *self.pool.groups]:
+            if g.meta.get("bundle_id"):
+                received.setdefault(g.sender, []).append(g.meta["bundle_id"])
+        received = {s: ids[-64:] for s, ids in received.items()}  # the coordinator's bound
+        for request in mutations.sybil_reports(self.ring, received, self.config.group_size,
+                                               self.round, int(time.time() * 1000),
+                                               log_ratio=self.options.false_log_ratio):
+            code, reason, resp = call_code(self.conn.stub.ReportMetrics, request, timeout=30)
+            code, reason = GarbageNode._in_band(code, reason, resp)
+            self.log("sybil_report", reporter=request.node_id, code=code,
+                     code_name=code_label(code), reason=reason,
+                     senders=[f.sender_node_id for f in request.feedback],
+                     bundle_ids=sum(len(f.bundle_ids) for f in request.feedback),
+                     dropped=len(resp.dropped_feedback) if resp is not None else None)
+        return own
+
+
 # -- attackers that drive the connection directly -------------------------------------------
 class FlooderNode(AttackNode):
     """Leases and submits random-token bundles as fast as it can for ``flood_seconds`` a
@@ -418,6 +485,48 @@ class FlooderNode(AttackNode):
             channel.close()
         self.log("submit", variant="over_grpc_limit", code=code, code_name=code_label(code),
                  reason=reason, payload_bytes=len(env.payload))
+
+
+class AnswerComputerNode(AttackNode):
+    """A model-less node (issue 13, class 1): for each leased arithmetic task (chain_sum,
+    products, gcd) it computes the answer from the question, writes a little text ending
+    in ``<answer>X</answer>`` (half the group with a wrong X, for reward variance),
+    encodes it with the real tokenizer and makes up log-probs; other tasks are skipped.
+    It never runs its model and does not learn."""
+
+    kind = "answer_computer"
+
+    def run_round(self) -> RoundResult:
+        cfg, pol = self.config, self.policy
+        submitted = skipped = 0
+        code, reason, leases = call_code(self.conn.lease_tasks, cfg.local_groups,
+                                         cfg.group_size, cfg.max_new_tokens)
+        if code != 0:
+            self.log("lease", code=code, code_name=code_label(code), reason=reason)
+            leases = []
+        eos = (pol.tokenizer.eos_token_id,) if pol.tokenizer.eos_token_id is not None else ()
+
+        def encode(text: str) -> list[int]:
+            return list(pol.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        for lease in leases:
+            answer = mutations.computed_answer(lease.dataset, lease.question)
+            if answer is None:
+                skipped += 1
+                self.log("skip", dataset=lease.dataset, task_id=lease.task_id)
+                continue
+            ids, text = pol.prompt_token_ids([{"role": m.role, "content": m.content}
+                                              for m in lease.messages])
+            bundle = mutations.computed_bundle(lease, self.conn.node_id, pol.card, ids, text,
+                                               answer, encode, pol.decode, self.rng, eos)
+            bundle.policy_version = self.round
+            bundle.created_at_ms = int(time.time() * 1000)
+            reply = self.send(seal("bundle", bundle, self.conn.identity), self.kind,
+                              lease.task_id)
+            submitted += reply is not None
+        self.round += 1
+        return RoundResult(self.round, {"submitted": float(submitted),
+                                        "skipped": float(skipped)})
 
 
 class GarbageNode(AttackNode):
@@ -554,4 +663,5 @@ class SybilBurstNode(AttackNode):
 NODE_CLASSES: dict[str, type[AttackNode]] = {cls.kind: cls for cls in (
     AttackNode, RewardLiarNode, LogprobInflateNode, LogprobDeflateNode, TextMismatchNode,
     ReplayNode, ReplayFrameNode, FabricatedPromptNode, FlooderNode, GarbageNode,
-    SybilBurstNode, FalseReporterNode)}
+    SybilBurstNode, FalseReporterNode, LogprobShadeNode, SybilFeedbackNode,
+    AnswerComputerNode)}

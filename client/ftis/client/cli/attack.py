@@ -49,6 +49,11 @@ def _attack(
         help="replay: a victim's relayed envelopes resubmitted as-is per round")] = 8,
     frame_per_round: Annotated[int, typer.Option(
         help="replay_frame: a victim's envelopes resubmitted as-is per round")] = 40,
+    shade_truncation: Annotated[float, typer.Option(
+        help="logprob_shade: log-probs lowered by ln C with this C (> 1; the learner's "
+             "truncation default)")] = 2.0,
+    sybil_ring: Annotated[int, typer.Option(
+        help="sybil_feedback: fresh identities sending negative feedback")] = 2,
     wait_for: Annotated[Path | None, typer.Option(
         help="register, then wait until this file exists before the first round")] = None,
     **start_flags: Any,
@@ -79,7 +84,8 @@ def _attack(
                             flood_lease_count=flood_lease_count, oversized_bytes=oversized_bytes,
                             sybils=sybils, false_log_ratio=false_log_ratio, seed=cfg.seed,
                             wait_for=str(wait_for or ""), replay_foreign=replay_foreign,
-                            frame_per_round=frame_per_round)
+                            frame_per_round=frame_per_round,
+                            shade_truncation=shade_truncation, sybil_ring=sybil_ring)
     console.print(f"attacker {kind} against {cfg.coordinator}")
     raise typer.Exit(run_attack(cfg, kind, options, attack_log))
 

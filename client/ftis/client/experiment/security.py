@@ -63,9 +63,12 @@ EXPECTED_CODES: dict[str, set[str]] = {
     "sybil_burst": {"REGISTRATION_THROTTLED"},
     "false_reporter": set(),
     "replay_frame": {"BUNDLE_REPLAYED"},
+    "logprob_shade": set(),
+    "sybil_feedback": set(),
+    "answer_computer": set(),
 }
 #: Submissions of these variants are the attacker's honest cover, not attacks.
-COVER_VARIANTS = {"own", "honest", "false_reporter", "flood"}
+COVER_VARIANTS = {"own", "honest", "false_reporter", "sybil_feedback", "flood"}
 
 
 @dataclass
@@ -415,7 +418,8 @@ def verdict(rec: dict) -> str:
     """One phrase for the table (first match wins): ``HARMED HONEST NODES`` (a false
     positive or rejected honest bundles), ``banned``, ``quarantined``, ``quarantined,
     released``, ``throttled`` (sybil_burst, flooder), ``reports ignored``
-    (false_reporter with false_report evidence), ``rejected`` (every bad submission
+    (false_reporter with false_report evidence; sybil_feedback that harmed nobody),
+    ``rejected`` (every bad submission
     refused with an expected code), ``flagged by receivers`` (negative feedback or other
     bad evidence, still relayed), ``missed``."""
     kind = rec["kind"]
@@ -434,6 +438,8 @@ def verdict(rec: dict) -> str:
     if kind == "false_reporter":
         return "reports ignored" if rec.get("evidence_kinds", {}).get("false_report") \
             else "missed"
+    if kind == "sybil_feedback":  # the ring's target is the honest nodes (checked above)
+        return "reports ignored"
     if rec["submissions"] and rec["bad_accepted"] == 0 and rec["expected_codes_seen"]:
         return "rejected"
     if rec.get("negative_feedback") or rec.get("evidence_bad_end", 0.0) > 0:

@@ -219,10 +219,15 @@ class Learner:
                 # the count and the filter decisions are.
                 st.cross_tokenizer_completions += 1
                 continue
-            st.tokens += int(per.tokens[i])
-            st.log_ratio_sum += (float(log_ratio_sums[i]) if log_ratio_sums is not None
-                                 else _finite(float(per.log_ratio_sum[i])))
+            n_tok = int(per.tokens[i])
+            total = (float(log_ratio_sums[i]) if log_ratio_sums is not None
+                     else _finite(float(per.log_ratio_sum[i])))
+            st.tokens += n_tok
+            st.log_ratio_sum += total
             st.truncated_tokens += int(per.truncated_tokens[i])
+            if n_tok > 0:
+                st.completion_log_ratio_sums.append(total)
+                st.completion_tokens.append(n_tok)
 
 
 def sender_log_ratio_sums(lp_old: torch.Tensor, lp_gen: torch.Tensor | None,
@@ -246,6 +251,45 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else 0.0
 
 
+def log_ratio_stderr(sums: list[float], tokens: list[int]) -> float:
+    """Standard error (nats/token) of the token-weighted mean log-ratio
+    ``R = sum(sums) / sum(tokens)`` of one sender's completions, treating each completion
+    as one independent draw (tokens within a completion are not independent).
+
+    The ratio estimator's linearised (delta-method, cluster-robust) standard error
+    (Cochran, *Sampling Techniques*, 3rd ed., 1977, section 6.4)::
+
+        SE = sqrt(n / (n - 1) * sum_i (S_i - R * L_i) ** 2) / sum_i L_i
+
+    with ``S_i`` the summed log-ratio (nats) and ``L_i`` the token count of completion
+    ``i``. Shading every log-prob by the same amount moves ``R`` but not ``SE``, so
+    ``R / SE`` measures how far a shift is from zero in units of its own noise (the
+    coordinator's test, ``reputation.shift_detected``).
+
+    Args:
+        sums: per completion, the summed ``lp_learner - lp_gen`` (nats), finite.
+        tokens: per completion, its token count (> 0), same length as ``sums``.
+
+    Returns:
+        the standard error, finite and >= 0; 0.0 for fewer than two completions (no
+        spread can be estimated: the coordinator also needs a minimum count).
+
+    Raises:
+        ValueError: if the lengths differ or a token count is not positive.
+    """
+    if len(sums) != len(tokens):
+        raise ValueError(f"{len(sums)} sums but {len(tokens)} token counts")
+    if any(n <= 0 for n in tokens):
+        raise ValueError("token counts must be > 0")
+    n = len(sums)
+    if n < 2:
+        return 0.0
+    total_tokens = float(sum(tokens))
+    ratio = math.fsum(sums) / total_tokens
+    residual = math.fsum((s - ratio * t) ** 2 for s, t in zip(sums, tokens, strict=True))
+    return _finite(math.sqrt(n / (n - 1) * residual) / total_tokens)
+
+
 @dataclass
 class SenderStats:
     """What a receiver saw of one sender's completions in a step (sums over samples).
@@ -264,11 +308,24 @@ class SenderStats:
     filtered: int = 0
     #: completions re-tokenized from another tokenizer (no token-level statistics)
     cross_tokenizer_completions: int = 0
+    #: per token-aligned completion: its summed log-ratio (nats) and its token count
+    completion_log_ratio_sums: list[float] = field(default_factory=list)
+    completion_tokens: list[int] = field(default_factory=list)
 
     @property
     def mean_log_ratio(self) -> float:
         """Mean log-ratio per token; always finite (0 if the sum ever were not)."""
         return _finite(self.log_ratio_sum / max(self.tokens, 1))
+
+    @property
+    def log_ratio_completions(self) -> int:
+        """Token-aligned completions behind :attr:`mean_log_ratio`."""
+        return len(self.completion_tokens)
+
+    @property
+    def log_ratio_stderr(self) -> float:
+        """Standard error of :attr:`mean_log_ratio` (nats/token; :func:`log_ratio_stderr`)."""
+        return log_ratio_stderr(self.completion_log_ratio_sums, self.completion_tokens)
 
 
 class StatAccumulator:

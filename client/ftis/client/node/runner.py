@@ -16,7 +16,7 @@ import torch
 
 from ftis.client.learner.checkpoint import load_checkpoint, save_checkpoint
 from ftis.client.learner.loss import LossConfig
-from ftis.client.learner.trainer import Learner, LearnerConfig
+from ftis.client.learner.trainer import Learner, LearnerConfig, SenderStats
 from ftis.client.models.loader import Policy
 from ftis.client.node.config import ClientConfig
 from ftis.client.rollout.groups import RolloutGroup
@@ -39,6 +39,59 @@ def peak_rss_mb() -> float:
         return 0.0
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kb / 1024 if sys.platform != "darwin" else kb / 2**20
+
+
+#: Bundle ids per feedback entry (the coordinator's bound).
+MAX_FEEDBACK_BUNDLE_IDS = 64
+
+
+def sender_feedback(stats: dict[str, SenderStats], external: list[RolloutGroup],
+                    invalid: dict[str, int] | None = None,
+                    mismatched: dict[str, int] | None = None,
+                    rejected_ids: dict[str, list[str]] | None = None,
+                    ) -> list[swarm_pb2.SenderFeedback]:
+    """One ``SenderFeedback`` per sender a receiver learned from or rejected (pure).
+
+    Args:
+        stats: the learner's per-sender statistics of the step
+            (:attr:`~ftis.client.learner.trainer.Learner.sender_stats`): tokens, mean
+            log-ratio (nats/token) with its completion count and standard error (the
+            coordinator's shading test, docs/reputation.md), filtered and truncated
+            shares.
+        external: the step's external groups (their ``meta["bundle_id"]`` are named: the
+            coordinator counts feedback only for bundles it relayed to this node).
+        invalid, mismatched: per sender, relayed bundles that failed local
+            re-verification and completions whose text differed from their tokens.
+        rejected_ids: per sender, the ids of those rejected bundles.
+
+    Returns:
+        the entries, at most :data:`MAX_FEEDBACK_BUNDLE_IDS` bundle ids each.
+    """
+    invalid, mismatched = invalid or {}, mismatched or {}
+    rejected_ids = rejected_ids or {}
+    by_sender: dict[str, swarm_pb2.SenderFeedback] = {}
+    for sender, st in stats.items():
+        by_sender[sender] = swarm_pb2.SenderFeedback(
+            sender_node_id=sender, groups=0, tokens=st.tokens,
+            mean_log_ratio=st.mean_log_ratio,
+            filtered_frac=st.filtered / max(st.completions, 1),
+            truncated_frac=st.truncated_tokens / max(st.tokens, 1),
+            log_ratio_completions=st.log_ratio_completions,
+            log_ratio_stderr=st.log_ratio_stderr)
+    for g in external:
+        fb = by_sender.setdefault(g.sender, swarm_pb2.SenderFeedback(sender_node_id=g.sender))
+        fb.groups += 1
+        if g.meta.get("bundle_id"):
+            fb.bundle_ids.append(g.meta["bundle_id"])
+    for sender in set(invalid) | set(mismatched):
+        fb = by_sender.setdefault(sender, swarm_pb2.SenderFeedback(sender_node_id=sender))
+        fb.invalid_bundles = invalid.get(sender, 0)
+        fb.text_mismatches = mismatched.get(sender, 0)
+        fb.bundle_ids.extend(b for b in rejected_ids.get(sender, [])
+                             if b not in fb.bundle_ids)
+    for fb in by_sender.values():
+        del fb.bundle_ids[MAX_FEEDBACK_BUNDLE_IDS:]
+    return list(by_sender.values())
 
 
 @dataclass
@@ -178,31 +231,11 @@ class VolunteerNode:
             return None
 
     def feedback(self, external: list[RolloutGroup]) -> list[swarm_pb2.SenderFeedback]:
-        """Per-sender statistics of this step for the coordinator's reputation system."""
+        """Per-sender statistics of this step for the coordinator's reputation system
+        (:func:`sender_feedback` on the learner's statistics and the pool's rejections)."""
         invalid, mismatched = self.pool.drain_rejections()
-        by_sender: dict[str, swarm_pb2.SenderFeedback] = {}
-        for sender, st in self.learner.sender_stats.items():
-            by_sender[sender] = swarm_pb2.SenderFeedback(
-                sender_node_id=sender, groups=0, tokens=st.tokens,
-                mean_log_ratio=st.mean_log_ratio,
-                filtered_frac=st.filtered / max(st.completions, 1),
-                truncated_frac=st.truncated_tokens / max(st.tokens, 1))
-        for g in external:
-            fb = by_sender.setdefault(g.sender, swarm_pb2.SenderFeedback(sender_node_id=g.sender))
-            fb.groups += 1
-            if g.meta.get("bundle_id"):
-                fb.bundle_ids.append(g.meta["bundle_id"])
-        rejected_ids = self.pool.drain_rejected_ids()
-        for sender in set(invalid) | set(mismatched):
-            fb = by_sender.setdefault(sender, swarm_pb2.SenderFeedback(sender_node_id=sender))
-            fb.invalid_bundles = invalid[sender]
-            fb.text_mismatches = mismatched[sender]
-            # the coordinator counts feedback only for bundles it relayed to this node
-            fb.bundle_ids.extend(b for b in rejected_ids.get(sender, [])
-                                 if b not in fb.bundle_ids)
-        for fb in by_sender.values():  # at most 64 ids per entry (the coordinator's bound)
-            del fb.bundle_ids[64:]
-        return list(by_sender.values())
+        return sender_feedback(self.learner.sender_stats, external, invalid, mismatched,
+                               self.pool.drain_rejected_ids())
 
     def _pull_external(self) -> None:
         while True:

@@ -53,22 +53,26 @@ def feedback_entries(feedback: Sequence[swarm_pb2.SenderFeedback]) -> list[Feedb
         sender_id=f.sender_node_id, bundle_ids=tuple(f.bundle_ids), groups=f.groups,
         tokens=f.tokens, mean_log_ratio=f.mean_log_ratio, filtered_frac=f.filtered_frac,
         truncated_frac=f.truncated_frac, text_mismatches=f.text_mismatches,
-        invalid_bundles=f.invalid_bundles) for f in feedback]
+        invalid_bundles=f.invalid_bundles, log_ratio_completions=f.log_ratio_completions,
+        log_ratio_stderr=f.log_ratio_stderr) for f in feedback]
 
 
 def entry_problem(reporter_id: str, f: FeedbackEntry, known_senders: set[str],
                   owners: dict[str, tuple[str, bool, int]]) -> str | None:
     """Why one feedback entry is invalid, or ``None`` (pure): it must be about a known
-    other sender and its own bundles, with finite statistics, fractions in [0, 1],
-    non-negative counts and at most 64 bundle ids."""
+    other sender and its own bundles, with finite statistics, fractions in [0, 1], a
+    non-negative standard error and counts, and at most 64 bundle ids."""
     if f.sender_id == reporter_id:
         return "about the reporter itself"
     if not all(math.isfinite(x) for x in (f.mean_log_ratio, f.filtered_frac,
-                                           f.truncated_frac)):
+                                           f.truncated_frac, f.log_ratio_stderr)):
         return "holds non-finite values"
+    if f.log_ratio_stderr < 0:
+        return "negative standard error"
     if not (0 <= f.filtered_frac <= 1 and 0 <= f.truncated_frac <= 1):
         return "fractions must be in [0, 1]"
-    if min(f.groups, f.tokens, f.text_mismatches, f.invalid_bundles) < 0:
+    if min(f.groups, f.tokens, f.text_mismatches, f.invalid_bundles,
+           f.log_ratio_completions) < 0:
         return "negative counts"
     if len(f.bundle_ids) > MAX_FEEDBACK_BUNDLE_IDS:
         return f"names more than {MAX_FEEDBACK_BUNDLE_IDS} bundles"
