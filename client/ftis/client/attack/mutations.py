@@ -20,6 +20,17 @@ from ftis.v1 import bundle_pb2, swarm_pb2
 INFLATE_CEILING = -1e-6
 
 
+def _leased_bundle(lease: swarm_pb2.TaskLease, node_id: str, card: bundle_pb2.ModelCard,
+                   prompt_ids: list[int], prompt_text: str,
+                   completions: list[bundle_pb2.Completion]) -> bundle_pb2.Bundle:
+    """A bundle answering ``lease`` with ``completions`` (sampling T = 1, top-p 1)."""
+    return bundle_pb2.Bundle(
+        task_id=lease.task_id, lease_id=lease.lease_id, node_id=node_id, model_card=card,
+        sampling=bundle_pb2.SamplingParams(temperature=1.0, top_p=1.0,
+                                           max_new_tokens=lease.max_new_tokens),
+        prompt_token_ids=prompt_ids, prompt_text=prompt_text, completions=completions)
+
+
 def _copy(bundle: bundle_pb2.Bundle) -> bundle_pb2.Bundle:
     out = bundle_pb2.Bundle()
     out.CopyFrom(bundle)
@@ -115,11 +126,7 @@ def computed_bundle(lease: swarm_pb2.TaskLease, node_id: str, card: bundle_pb2.M
         comps.append(bundle_pb2.Completion(
             token_ids=ids, logprobs=[rng.uniform(-1.5, -0.05) for _ in ids], text=decode(ids),
             finish_reason=bundle_pb2.FINISH_REASON_STOP))
-    return bundle_pb2.Bundle(
-        task_id=lease.task_id, lease_id=lease.lease_id, node_id=node_id, model_card=card,
-        sampling=bundle_pb2.SamplingParams(temperature=1.0, top_p=1.0,
-                                           max_new_tokens=lease.max_new_tokens),
-        prompt_token_ids=prompt_ids, prompt_text=prompt_text, completions=comps)
+    return _leased_bundle(lease, node_id, card, prompt_ids, prompt_text, comps)
 
 
 def answer_text(answer: str) -> str:
@@ -242,11 +249,7 @@ def random_tokens_bundle(lease: swarm_pb2.TaskLease, node_id: str, card: bundle_
         comps.append(bundle_pb2.Completion(
             token_ids=ids, logprobs=[lp] * n, text=text,
             finish_reason=bundle_pb2.FINISH_REASON_LENGTH))
-    return bundle_pb2.Bundle(
-        task_id=lease.task_id, lease_id=lease.lease_id, node_id=node_id, model_card=card,
-        sampling=bundle_pb2.SamplingParams(temperature=1.0, top_p=1.0,
-                                           max_new_tokens=lease.max_new_tokens),
-        prompt_token_ids=prompt_ids, prompt_text=prompt_text, completions=comps)
+    return _leased_bundle(lease, node_id, card, prompt_ids, prompt_text, comps)
 
 
 # -- malformed envelopes (``garbage``) ------------------------------------------------------

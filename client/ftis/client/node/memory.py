@@ -83,6 +83,18 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
           "kib": 1024, "mib": MiB, "gib": GiB, "tib": 1024**4}
 
 
+def checked_size(text: str | None) -> str | None:
+    """``text`` unchanged if it is ``None`` or a size :func:`parse_size` reads (the
+    pydantic validator of the ``max_memory`` settings).
+
+    Raises:
+        ValueError: naming the accepted forms.
+    """
+    if text is not None:
+        parse_size(text)
+    return text
+
+
 def parse_size(text: str | int) -> int:
     """Bytes of a size like ``"6GiB"``, ``"512MiB"``, ``"8GB"``, ``"1.5g"`` or ``"1048576"``.
 

@@ -161,11 +161,9 @@ class VolunteerSettings(BaseModel):
     @field_validator("max_memory")
     @classmethod
     def _check_max_memory(cls, v: str | None) -> str | None:
-        if v is not None:
-            from ftis.client.node.memory import parse_size
+        from ftis.client.node.memory import checked_size
 
-            parse_size(v)  # ValueError with the accepted forms
-        return v
+        return checked_size(v)  # ValueError with the accepted forms
 
     @field_validator("max_upload_rate")
     @classmethod
