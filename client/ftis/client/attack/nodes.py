@@ -475,7 +475,7 @@ class FlooderNode(AttackNode):
             ("grpc.max_send_message_length", 4 * MAX_GRPC_MESSAGE_BYTES)])
         try:
             stub = channel.unary_unary("/ftis.v1.Swarm/SubmitBundle",
-                                       request_serializer=lambda m: m.SerializeToString(),
+                                       request_serializer=swarm_pb2.SubmitBundleRequest.SerializeToString,
                                        response_deserializer=swarm_pb2.SubmitBundleResponse.FromString)
             code, reason, resp = call_code(stub, swarm_pb2.SubmitBundleRequest(envelope=env),
                                            timeout=30)
@@ -536,6 +536,7 @@ class GarbageNode(AttackNode):
     kind = "garbage"
 
     def _raw(self, method: str, data: bytes, response_cls: Any) -> tuple[int | str, str]:
+        stub: grpc.UnaryUnaryMultiCallable[bytes, Any]  # raw bytes out, no serializer
         stub = self.conn.channel.unary_unary(f"/ftis.v1.Swarm/{method}",
                                              request_serializer=None,
                                              response_deserializer=response_cls.FromString)
