@@ -64,7 +64,7 @@ class SampledCompletion:
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: int  # bundle_pb2.FinishReason
+    finish_reason: bundle_pb2.FinishReason
 
 
 @dataclass
