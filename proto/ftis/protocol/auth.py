@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, cast
 
 from google.protobuf.message import Message
 
@@ -27,7 +27,6 @@ DEFAULT_SKEW_MS = 300_000
 _M = TypeVar("_M", bound=Message)
 
 
-@runtime_checkable
 class _Authenticated(Protocol):
     """A request message with an ``auth`` field (``ftis.v1.RequestAuth``)."""
 
@@ -36,9 +35,10 @@ class _Authenticated(Protocol):
 
 
 def _auth(request: Message) -> common_pb2.RequestAuth:
-    if not isinstance(request, _Authenticated):
-        raise TypeError(f"{type(request).__name__} has no auth field")
-    return request.auth
+    """``request.auth``. Callers first run ``ClearField("auth")`` or ``HasField("auth")``,
+    which raise ValueError for a message without that field (no isinstance check on the
+    Protocol here: it costs ~20 us a call on the coordinator's request path)."""
+    return cast(_Authenticated, request).auth
 
 
 def request_digest(method: str, timestamp_ms: int, request: Message) -> bytes:
@@ -80,9 +80,9 @@ def verify_request(request: Message, method: str, public_key: bytes, now_ms: int
         FtisError: AUTH_INVALID (missing or bad signature) or AUTH_EXPIRED (timestamp
             more than ``skew_ms`` away from ``now_ms``).
     """
-    if not request.HasField("auth") or len(_auth(request).signature) != 64:
+    auth = _auth(request) if request.HasField("auth") else None
+    if auth is None or len(auth.signature) != 64:
         raise FtisError(ErrorCode.AUTH_INVALID, f"{method}: request is not signed")
-    auth = _auth(request)
     ts = auth.timestamp_ms
     if abs(ts - now_ms) > skew_ms:
         raise FtisError(ErrorCode.AUTH_EXPIRED,
