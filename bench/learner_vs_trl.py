@@ -43,6 +43,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 QUESTIONS = [
     "State the final answer to the following arithmetic problem: 3 + 4 =",
@@ -180,7 +182,7 @@ def worker_trl(args: argparse.Namespace) -> dict:
         completion_len, gen_kwargs = args.max_new_tokens, None
     ds = Dataset.from_list([{"prompt": _messages(q)} for q in questions])
 
-    def reward(completions, **kwargs):  # noqa: ANN001, ANN003 - TRL's reward signature
+    def reward(completions: list[Any], **kwargs: Any) -> list[float]:  # TRL's signature
         if args.mode == "round":
             return alternating_rewards(len(completions))
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -207,12 +209,12 @@ def worker_trl(args: argparse.Namespace) -> dict:
             self.steps: list[dict] = []
             self.parts: dict[str, float] = {}
 
-        def on_step_begin(self, *a, **k):  # noqa: ANN002, ANN003
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
             self.parts = {"generation": 0.0, "prepare": 0.0, "forward": 0.0,
                           "training_step": 0.0, "generated_tokens": 0, "generated_rows": 0}
             self.t0 = time.perf_counter()
 
-        def on_step_end(self, *a, **k):  # noqa: ANN002, ANN003
+        def on_step_end(self, *a: Any, **k: Any) -> None:
             total = time.perf_counter() - self.t0
             p = self.parts
             self.steps.append({
@@ -225,8 +227,8 @@ def worker_trl(args: argparse.Namespace) -> dict:
 
     timer = Timer()
 
-    def timed(name: str, fn):  # noqa: ANN001, ANN202
-        def wrapper(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*a: Any, **k: Any) -> Any:
             t = time.perf_counter()
             try:
                 return fn(*a, **k)
@@ -238,7 +240,7 @@ def worker_trl(args: argparse.Namespace) -> dict:
                           processing_class=tokenizer, callbacks=[timer])
     generate = timed("generation", trainer._generate_single_turn)
 
-    def generate_counted(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def generate_counted(*a: Any, **k: Any) -> Any:
         out = generate(*a, **k)
         timer.parts["generated_tokens"] += sum(len(c) for c in out[0])
         timer.parts["generated_rows"] += len(out[0])

@@ -38,8 +38,10 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -51,6 +53,7 @@ from ftis.coordinator.state.sql import SqlState
 from ftis.protocol.envelope import seal
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.identity import NodeIdentity
+from ftis.v1 import bundle_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -187,7 +190,7 @@ class Volunteer:
     def acked(self, after: float = -1.0) -> list[Submission]:
         return [s for s in self.submissions if s.acked and s.t0 > after]
 
-    def submit(self, envelope, second: bool = False) -> Submission:  # noqa: ANN001
+    def submit(self, envelope: bundle_pb2.SignedEnvelope, second: bool = False) -> Submission:
         sub = Submission(hashlib.sha256(envelope.payload).hexdigest(), time.monotonic(),
                          second=second)
         self.in_flight = sub
@@ -204,7 +207,7 @@ class Volunteer:
         self.submissions.append(sub)
         return sub
 
-    def run(self, material, stop: threading.Event) -> None:  # noqa: ANN001
+    def run(self, material: Any, stop: threading.Event) -> None:  # bench's Material
         try:
             rounds = 0
             while not stop.is_set():
@@ -224,7 +227,8 @@ class Volunteer:
             self.error = f"{type(exc).__name__}: {exc}"
 
 
-def wait_for(condition, timeout_s: float, what: str, volunteers=()) -> None:  # noqa: ANN001
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str,
+             volunteers: Sequence[Volunteer] = ()) -> None:
     """Poll ``condition``; fails on a volunteer's error or after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -399,7 +403,7 @@ def test_replay_standing_steps_like_the_state():
     honest = [(t0, Evidence(reputation.BUNDLE_VERIFIED, 1.0, bundle_id=f"b{k}"))
               for k in (1, 2, 3)]
 
-    def after(events, **kw):  # noqa: ANN001, ANN003
+    def after(events: Iterable[tuple[int, Evidence]], **kw: Any) -> Standing:
         return reputation.replay_standing(events, cfg, start=start, **kw)
 
     # docs/reputation.md: one wrong claim first -> E = 1/4, quarantined; three honest

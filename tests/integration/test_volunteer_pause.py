@@ -15,10 +15,10 @@ from ftis.client.cli.main import app
 from ftis.client.experiment.launcher import start_coordinator
 from ftis.client.experiment.report import read_metrics
 from ftis.client.node.config import ClientConfig
-from ftis.client.node.runner import VolunteerNode
+from ftis.client.node.runner import RoundResult, VolunteerNode
 from ftis.client.settings.gate import RoundGate, node_state
 from ftis.client.settings.model import VolunteerSettings, env_name, resolve_settings
-from ftis.client.settings.schedule import MachineSnapshot
+from ftis.client.settings.schedule import Decision, MachineSnapshot
 from ftis.client.swarm.connection import SwarmConnection
 from ftis.protocol.exit_codes import ExitCode
 from ftis.protocol.identity import NodeIdentity
@@ -69,12 +69,12 @@ def test_paused_node_holds_no_lease_and_resumes(tmp_path, tiny_model_dir, tiny_p
         def probe(need_idle: bool) -> MachineSnapshot:
             return MachineSnapshot(now=datetime.now(), on_battery=battery["on"])
 
-        def on_round(result) -> None:  # noqa: ANN001
+        def on_round(result: RoundResult) -> None:
             assert result.metrics.get("bundles_rejected", 0) == 0
             if result.round == 1:
                 battery["on"] = True  # unplugged during round 1: it finishes, then pauses
 
-        def on_change(decision) -> None:  # noqa: ANN001
+        def on_change(decision: Decision) -> None:
             node_state(out, gate, "running" if decision.may_run else "paused", decision,
                        node_id=identity.node_id, coordinator=listen, model=cfg.model,
                        round=node.round)

@@ -7,23 +7,25 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 
 from ftis.coordinator.state.group_commit import GroupCommit, sqlalchemy_savepoint
 
 
-def _engine(path: Path):  # noqa: ANN202
+def _engine(path: Path) -> Engine:
     engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False})
 
     @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection, _record):  # noqa: ANN001, ANN202
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # SQLAlchemy's pysqlite SAVEPOINT recipe
 
     @event.listens_for(engine, "begin")
-    def _begin(conn):  # noqa: ANN001, ANN202
+    def _begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     with engine.begin() as conn:
@@ -31,13 +33,13 @@ def _engine(path: Path):  # noqa: ANN202
     return engine
 
 
-def _keys(engine) -> list[int]:  # noqa: ANN001
+def _keys(engine: Engine) -> list[int]:
     with engine.connect() as conn:
         return [r[0] for r in conn.execute(text("SELECT k FROM t ORDER BY k"))]
 
 
-def _insert(k: int):  # noqa: ANN202
-    def work(conn):  # noqa: ANN001, ANN202
+def _insert(k: int) -> Callable[[Connection], int]:
+    def work(conn: Connection) -> int:
         conn.execute(text("INSERT INTO t (k) VALUES (:k)"), {"k": k})
         return k * 10
     return work
@@ -48,7 +50,7 @@ def test_concurrent_units_share_commits_and_each_gets_its_result(tmp_path: Path)
     commits = []
 
     @contextlib.contextmanager
-    def slow_transaction():  # noqa: ANN202 - a commit that takes as long as an fsync
+    def slow_transaction() -> Iterator[Connection]:  # a commit as long as an fsync
         with engine.begin() as conn:
             yield conn
             time.sleep(0.01)
@@ -76,7 +78,7 @@ def test_a_failing_unit_rolls_back_alone(tmp_path: Path) -> None:
     group = GroupCommit(engine.begin, sqlalchemy_savepoint, threading.RLock())
     group.run(_insert(1))
 
-    def duplicate_then_fail(conn):  # noqa: ANN001, ANN202
+    def duplicate_then_fail(conn: Connection) -> None:
         conn.execute(text("INSERT INTO t (k) VALUES (7)"))
         conn.execute(text("INSERT INTO t (k) VALUES (1)"))  # primary key taken
 
@@ -96,7 +98,7 @@ def test_a_failing_unit_rolls_back_alone(tmp_path: Path) -> None:
     assert group.batches == 2  # the first unit, then the three together
 
 
-def _outcome(group: GroupCommit, work) -> object:  # noqa: ANN001
+def _outcome(group: GroupCommit, work: Callable[[Connection], object]) -> object:
     try:
         return group.run(work)
     except Exception as exc:  # noqa: BLE001
@@ -107,7 +109,7 @@ def test_a_failed_commit_fails_every_unit_of_its_batch(tmp_path: Path) -> None:
     engine = _engine(tmp_path / "db.sqlite")
 
     @contextlib.contextmanager
-    def failing_commit():  # noqa: ANN202
+    def failing_commit() -> Iterator[Connection]:
         with engine.begin() as conn:
             yield conn
             raise OSError("disk full")

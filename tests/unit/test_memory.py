@@ -178,7 +178,7 @@ def test_cli_refuses_before_connecting(tmp_path, tiny_model_dir, monkeypatch):
     from ftis.client.swarm import connection
     from ftis.protocol.exit_codes import ExitCode
 
-    def boom(*a, **k):  # noqa: ANN002, ANN003
+    def boom(*a: object, **k: object) -> None:
         raise AssertionError("tried to connect")
 
     monkeypatch.setattr(connection.SwarmConnection, "__init__", boom)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 
 import pytest
 
@@ -36,7 +37,7 @@ def _bundle(texts: list[str], claims: list[float | None]) -> bundle_pb2.Bundle:
 
 
 @pytest.fixture(scope="module")
-def pool():  # noqa: ANN201
+def pool() -> Iterator[RescoringPool]:
     p = RescoringPool(workers=1, budget_s=5.0)
     yield p
     p.close()

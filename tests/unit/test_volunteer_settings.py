@@ -4,6 +4,7 @@ pure pause decision, the upload token bucket, the round gate, and the CLI."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from datetime import datetime
 
 import pytest
@@ -264,7 +265,7 @@ def test_submit_waits_for_the_bucket():
     waits = []
 
     class Recorder(TokenBucket):
-        def consume(self, nbytes, sleep=None):  # noqa: ANN001
+        def consume(self, nbytes: int, sleep: Callable[[float], None] | None = None) -> float:
             waits.append(nbytes)
             return 0.0
 

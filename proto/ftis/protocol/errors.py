@@ -14,6 +14,8 @@ continued, bounds on signed values (LOGPROB_TOO_SMALL, PROMPT_TOO_LONG), 199 int
 
 from __future__ import annotations
 
+from typing import cast
+
 from ftis.v1 import common_pb2
 
 ErrorCode = common_pb2.ErrorCode
@@ -70,7 +72,9 @@ class FtisError(Exception):
     def to_proto(self) -> common_pb2.Error:
         if self.code in LOCAL_ERROR_CODES:
             raise ValueError(f"{self.name} is a local code and is never sent")
-        return common_pb2.Error(code=self.code, reason=self.reason)
+        # protoc's .pyi types enum values as ErrorCode (an int subclass); at run time
+        # they are plain ints, as self.code is
+        return common_pb2.Error(code=cast(ErrorCode, self.code), reason=self.reason)
 
 
 def code_name(code: int) -> str:

@@ -10,11 +10,6 @@ SYSTEM_PROMPT = (
 )
 
 
-#: Stop strings of the plain format: a base model answering "Question: ...\nAnswer:"
-#: tends to go on with a new "Question:"; a completion ends once it produces one.
-PLAIN_STOP_STRINGS: tuple[str, ...] = ("\nQuestion:",)
-
-
 def render_messages(question: str) -> list[dict[str, str]]:
     """Chat messages (``[{"role", "content"}]``) for a task question."""
     return [

@@ -25,6 +25,7 @@ from ftis.client.attack import mutations
 from ftis.client.learner.loss import LossConfig
 from ftis.client.node.runner import RoundResult, VolunteerNode
 from ftis.client.rollout.groups import RolloutGroup
+from ftis.client.rollout.sampler import SampledCompletion
 from ftis.protocol.bundles import MAX_BUNDLE_BYTES, MAX_GRPC_MESSAGE_BYTES
 from ftis.protocol.envelope import open_envelope, seal
 from ftis.protocol.errors import ErrorCode, FtisError, code_name
@@ -147,7 +148,7 @@ class AttackNode(VolunteerNode):
         return bundle
 
     def make_bundle(self, lease: swarm_pb2.TaskLease, prompt_ids: list[int], prompt_text: str,
-                    sampled: list) -> bundle_pb2.Bundle:  # noqa: ANN001
+                    sampled: list[SampledCompletion]) -> bundle_pb2.Bundle:
         honest = super().make_bundle(lease, prompt_ids, prompt_text, sampled)
         self._variant = self.kind
         out = self.mutate(honest, lease, prompt_ids, prompt_text)
@@ -173,7 +174,8 @@ class RewardLiarNode(AttackNode):
 
     kind = "reward_liar"
 
-    def mutate(self, bundle, lease, prompt_ids, prompt_text):  # noqa: ANN001
+    def mutate(self, bundle: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
+               prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
         return mutations.lie_rewards(bundle, 1.0)
 
 
@@ -182,7 +184,8 @@ class LogprobInflateNode(AttackNode):
 
     kind = "logprob_inflate"
 
-    def mutate(self, bundle, lease, prompt_ids, prompt_text):  # noqa: ANN001
+    def mutate(self, bundle: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
+               prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
         return mutations.scale_logprobs(bundle, self.options.inflate_factor)
 
 
@@ -191,7 +194,8 @@ class LogprobDeflateNode(AttackNode):
 
     kind = "logprob_deflate"
 
-    def mutate(self, bundle, lease, prompt_ids, prompt_text):  # noqa: ANN001
+    def mutate(self, bundle: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
+               prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
         return mutations.shift_logprobs(bundle, self.options.deflate_nats)
 
 
@@ -203,7 +207,8 @@ class LogprobShadeNode(AttackNode):
 
     kind = "logprob_shade"
 
-    def mutate(self, bundle, lease, prompt_ids, prompt_text):  # noqa: ANN001
+    def mutate(self, bundle: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
+               prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
         return mutations.shade_logprobs(bundle, self.options.shade_truncation)
 
 
@@ -214,7 +219,8 @@ class TextMismatchNode(AttackNode):
     kind = "text_mismatch"
     GUESS = "42"
 
-    def mutate(self, bundle, lease, prompt_ids, prompt_text):  # noqa: ANN001
+    def mutate(self, bundle: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
+               prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
         return mutations.replace_text(bundle, mutations.answer_text(self.GUESS))
 
 
@@ -223,7 +229,8 @@ class FabricatedPromptNode(AttackNode):
 
     kind = "fabricated_prompt"
 
-    def mutate(self, bundle, lease, prompt_ids, prompt_text):  # noqa: ANN001
+    def mutate(self, bundle: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
+               prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
         ids, text = self.policy.prompt_token_ids(render_messages(self.options.fake_question))
         return mutations.fabricate_prompt(bundle, ids, text)
 
@@ -278,7 +285,8 @@ class ReplayNode(AttackNode):
             return "copy_verbatim"
         return "copy_own_prompt"
 
-    def make_bundle(self, lease, prompt_ids, prompt_text, sampled):  # noqa: ANN001
+    def make_bundle(self, lease: swarm_pb2.TaskLease, prompt_ids: list[int], prompt_text: str,
+                    sampled: list[SampledCompletion]) -> bundle_pb2.Bundle:
         honest = VolunteerNode.make_bundle(self, lease, prompt_ids, prompt_text, sampled)
         variant = self.variant(self.lease_index)
         self.lease_index += 1
@@ -291,7 +299,7 @@ class ReplayNode(AttackNode):
             victim, lease, self.conn.node_id, self.policy.card, self.round,
             int(time.time() * 1000), prompt=prompt)
 
-    def submit(self, bundle):  # noqa: ANN001
+    def submit(self, bundle: bundle_pb2.Bundle) -> swarm_pb2.SubmitBundleResponse | None:
         earlier = self.accepted_envelopes[-self.REPLAY_OWN:]
         reply = super().submit(bundle)
         if self._variant == "own":
@@ -316,7 +324,7 @@ class ReplayFrameNode(ReplayNode):
     def variant(self, lease_index: int) -> str:
         return "own"
 
-    def submit(self, bundle):  # noqa: ANN001
+    def submit(self, bundle: bundle_pb2.Bundle) -> swarm_pb2.SubmitBundleResponse | None:
         reply = AttackNode.submit(self, bundle)
         if self.lease_index == 1 and self.stolen:  # once per round, after the first lease
             victim = Counter(b.node_id for _, b in self.stolen).most_common(1)[0][0]
@@ -336,7 +344,7 @@ class FalseReporterNode(AttackNode):
         super().__init__(*args, **kwargs)
         self.heard: dict[str, list[str]] = {}
 
-    def feedback(self, external):  # noqa: ANN001
+    def feedback(self, external: list[RolloutGroup]) -> list[swarm_pb2.SenderFeedback]:
         super().feedback(external)  # logs, drains the pool's counters
         received: dict[str, list[str]] = {}
         for g in [*external, *self.pool.groups]:
@@ -380,7 +388,7 @@ class SybilFeedbackNode(AttackNode):
         self.log("sybil_ring", registered=[i.node_id for i in self.ring],
                  register_codes=dict(codes))
 
-    def feedback(self, external):  # noqa: ANN001
+    def feedback(self, external: list[RolloutGroup]) -> list[swarm_pb2.SenderFeedback]:
         own = super().feedback(external)
         if not self.ring:
             self._register_ring()
@@ -475,7 +483,7 @@ class FlooderNode(AttackNode):
             ("grpc.max_send_message_length", 4 * MAX_GRPC_MESSAGE_BYTES)])
         try:
             stub = channel.unary_unary("/ftis.v1.Swarm/SubmitBundle",
-                                       request_serializer=lambda m: m.SerializeToString(),
+                                       request_serializer=swarm_pb2.SubmitBundleRequest.SerializeToString,
                                        response_deserializer=swarm_pb2.SubmitBundleResponse.FromString)
             code, reason, resp = call_code(stub, swarm_pb2.SubmitBundleRequest(envelope=env),
                                            timeout=30)
@@ -536,6 +544,7 @@ class GarbageNode(AttackNode):
     kind = "garbage"
 
     def _raw(self, method: str, data: bytes, response_cls: Any) -> tuple[int | str, str]:
+        stub: grpc.UnaryUnaryMultiCallable[bytes, Any]  # raw bytes out, no serializer
         stub = self.conn.channel.unary_unary(f"/ftis.v1.Swarm/{method}",
                                              request_serializer=None,
                                              response_deserializer=response_cls.FromString)

@@ -29,12 +29,15 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from ftis.protocol.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from ftis.client.experiment.launcher import Swarm
 
 console = Console(stderr=True)
 
@@ -132,7 +135,7 @@ def _warm_model_cache(model: str) -> None:
         materialize(resolve(model))
 
 
-def _follow(swarm, out: Path, rounds: int, timeout_s: float) -> dict[str, int]:  # noqa: ANN001
+def _follow(swarm: Swarm, out: Path, rounds: int, timeout_s: float) -> dict[str, int]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ftis.client.experiment.launcher import LaunchError

@@ -12,7 +12,7 @@ from rich.table import Table
 app = typer.Typer(help="Models available locally.", no_args_is_help=True)
 
 
-def _size(n: int | None) -> str:
+def _size(n: float | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KB", "MB", "GB"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
@@ -43,7 +44,7 @@ def _fail(exc: SettingsError) -> typer.Exit:
     return typer.Exit(ExitCode.USAGE)
 
 
-def settings_table(rows: list[tuple[str, object, str]]) -> Table:
+def settings_table(rows: Sequence[tuple[str, object, str]]) -> Table:
     """A table of ``(key, value, source)`` rows with each setting's help."""
     table = Table(show_header=True, header_style="bold", box=None)
     for column in ("setting", "value", "source", "meaning"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -13,6 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ftis.client.settings.options import with_setting_flags
 from ftis.protocol.exit_codes import ExitCode
+
+if TYPE_CHECKING:  # imported lazily, where used
+    from ftis.client.node.config import ClientConfig
+    from ftis.client.node.runner import RoundResult
+    from ftis.client.settings.schedule import Decision
 
 console = Console(stderr=True)
 
@@ -109,7 +114,7 @@ def start(
     raise typer.Exit(run(cfg, setting_flags))
 
 
-def check_memory(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
+def check_memory(cfg: ClientConfig) -> int:
     """Estimate the peak memory of ``cfg`` before loading anything (``--max-memory``).
 
     Returns ``CLIENT_MEMORY_BUDGET`` (message printed) when the estimate exceeds the budget,
@@ -137,7 +142,7 @@ def check_memory(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
     return ExitCode.OK
 
 
-def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN001
+def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
     """Start a node from ``cfg`` (a ClientConfig) under the volunteer settings resolved
     from ``setting_flags`` (re-read between rounds); returns an exit code."""
     import grpc
@@ -185,7 +190,7 @@ def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN00
             task = progress.add_task(f"{cfg.model}/{cfg.peft} {cfg.method}", total=total,
                                      completed=node.round, info="")
 
-            def on_round(result) -> None:  # noqa: ANN001
+            def on_round(result: RoundResult) -> None:
                 m = result.metrics
                 info = (f"reward {m['reward_mean']:.3f}  {m['tokens_per_second']:.0f} tok/s  "
                         f"ext {int(m['external_groups_used'])}  "
@@ -195,7 +200,7 @@ def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN00
                 if not console.is_terminal:
                     console.print(f"round {result.round}: {info}")
 
-            def on_pause(decision) -> None:  # noqa: ANN001 - Decision
+            def on_pause(decision: Decision) -> None:
                 state = "running" if decision.may_run else "paused"
                 info = "resuming" if decision.may_run else f"[yellow]paused: {decision.reason}"
                 progress.update(task, info=info)
@@ -203,7 +208,7 @@ def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN00
                     console.print(f"{state}: {decision.reason or 'resuming'}")
                 write_state(state, decision)
 
-            def write_state(state: str, decision=None) -> None:  # noqa: ANN001
+            def write_state(state: str, decision: Decision | None = None) -> None:
                 node_state(cfg.out, gate, state, decision, round=node.round, **node_info)
 
             gate = RoundGate(lambda: resolve_settings(setting_flags), on_change=on_pause,

@@ -129,8 +129,9 @@ def status(
     from ftis.client.node.config import ClientConfig
     from ftis.client.settings.model import SettingsError
 
-    cfg = ClientConfig(**{k: v for k, v in (("out", out), ("key_file", key_file))
-                          if v is not None})
+    given: dict[str, Any] = {k: v for k, v in (("out", out), ("key_file", key_file))
+                             if v is not None}
+    cfg = ClientConfig(**given)
     info = local_status(Path(cfg.out), Path(cfg.key_file))
     node = info["node"] or {}
     info["coordinator"] = coordinator or node.get("coordinator") or cfg.coordinator

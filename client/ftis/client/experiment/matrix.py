@@ -590,8 +590,11 @@ def run_experiment(cfg: ExperimentConfig, out: Path) -> Path:
         for i, cell in enumerate(all_cells):
             progress.update(total, description=f"{cfg.name}: {cell['name']}")
             base = i * cfg.rounds
-            rows += run_cell(cfg, cell, out,
-                             lambda r, base=base: progress.update(total, completed=base + r))
+
+            def on_progress(r: int, base: int = base) -> None:
+                progress.update(total, completed=base + r)
+
+            rows += run_cell(cfg, cell, out, on_progress)
             evals += read_evals(out, cell)
             progress.update(total, completed=(i + 1) * cfg.rounds)
     with open(out / "results.jsonl", "w") as fh:

@@ -597,7 +597,7 @@ def run_security_experiment(settings: SecuritySettings, console: Any = None) -> 
     model, config = prepare(settings)
     (settings.out / "settings.json").write_text(json.dumps(asdict(settings), default=str,
                                                            indent=1))
-    runs = ([("baseline", [])] if settings.baseline else []) + [
+    runs: list[tuple[str, list[str]]] = ([("baseline", [])] if settings.baseline else []) + [
         ("+".join(g), g) for g in settings.groups]
     records: list[dict] = []
     baseline: list[float] | None = None

@@ -158,6 +158,7 @@ class Learner:
                         batch.advantages, batch.completion_mask, cross_loss,
                         length_normalized=cfg.cross_tokenizer == "geometric")
                 else:
+                    assert batch.gen_logprobs is not None  # pack sets one of the two
                     out = policy_loss(lp_theta, lp_theta.detach(), batch.gen_logprobs,
                                       batch.advantages, batch.completion_mask, cfg.loss)
                 loss = out.loss

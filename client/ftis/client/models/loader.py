@@ -19,12 +19,16 @@ from __future__ import annotations
 import gc
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftis.client.models.card import build_model_card
 from ftis.client.models.registry import materialize, resolve
 from ftis.tasks import PLAIN_STOP_STRINGS, render_plain_prompt
 from ftis.v1 import bundle_pb2
+
+if TYPE_CHECKING:  # transformers and peft are imported where a policy is loaded
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +52,10 @@ class LoraSettings:
 class Policy:
     """A loaded policy: model, tokenizer and the card that describes them."""
 
-    model: Any
-    tokenizer: Any
+    #: the causal LM; a ``PeftModel`` wrapping it with LoRA / QLoRA adapters
+    model: PreTrainedModel | PeftModel
+    #: a fast (``tokenizers``-backed) tokenizer: its ``backend_tokenizer`` is uploaded
+    tokenizer: PreTrainedTokenizerFast
     card: bundle_pb2.ModelCard
     name: str
     #: ``tokenizer.json`` text serialized at load time (``None``: serialize on demand)
@@ -94,6 +100,7 @@ class Policy:
         tok = self.tokenizer
         if tok.chat_template:
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            assert isinstance(text, str)  # tokenize=False: the rendered text
             ids = tok(text, add_special_tokens=False)["input_ids"]
         else:
             text = render_plain_prompt(messages)
@@ -110,7 +117,7 @@ def qlora_quantization(source: str) -> str:
     return QLORA_QUANTIZATION if source in ("", "none") else f"{source}+{QLORA_QUANTIZATION}"
 
 
-def _load_4bit(path: Any, double_quant: bool, device: str) -> Any:
+def _load_4bit(path: Any, double_quant: bool, device: str) -> PreTrainedModel:
     """``path``'s causal LM with linear layers in bitsandbytes NF4 (compute float32).
 
     ``device`` is ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:1"``); bitsandbytes
@@ -179,14 +186,17 @@ def load_policy(
         ModelNotFoundError: ``name`` cannot be found locally.
         ValueError: unknown ``peft`` kind.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
     if peft not in PEFT_KINDS:
         raise ValueError(f"peft must be one of {PEFT_KINDS}, got {peft!r}")
     resolved = resolve(name)
     path = materialize(resolved)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):  # its tokenizer.json is needed
+        raise ValueError(f"{name}: no fast (tokenizers) tokenizer")
     quantization = resolved.quantization
+    model: PreTrainedModel | PeftModel
     if peft == "qlora":
         from peft import prepare_model_for_kbit_training
 
@@ -197,7 +207,8 @@ def load_policy(
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
         if device != "cpu":
-            model = model.to(device)
+            # transformers' @wraps(Module.to) types `to` as unbound
+            model = model.to(device)  # type: ignore[arg-type]
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if peft in ("lora", "qlora"):

@@ -167,7 +167,8 @@ def _installed(emb: EmbeddedModel) -> bool:
     if any(_package_dir(m) is None for m in (emb.modules or (emb.package,))):
         return False
     if emb.locate == "package":
-        return (_package_dir(emb.package) / emb.gguf_name).is_file()
+        package = _package_dir(emb.package)
+        return package is not None and (package / emb.gguf_name).is_file()
     return True
 
 
@@ -181,7 +182,10 @@ def _not_installed(emb: EmbeddedModel) -> ModelNotFoundError:
 def _gguf_location(emb: EmbeddedModel) -> Path:
     """Where the GGUF of an installed ``emb`` is, or will be once assembled."""
     if emb.locate == "package":
-        return _package_dir(emb.package) / emb.gguf_name
+        package = _package_dir(emb.package)
+        if package is None:
+            raise _not_installed(emb)
+        return package / emb.gguf_name
     return cache_dir() / "gguf" / emb.gguf_name
 
 
@@ -284,7 +288,7 @@ def materialize(resolved: ResolvedModel) -> Path:
         RuntimeError: the converted tokenizer does not reload to the same tokenizer.
     """
     target = converted_dir(resolved)
-    if target is None:
+    if target is None or resolved.gguf_file is None:  # both or neither
         return Path(resolved.path)
     if _is_converted(target):
         return target
@@ -301,7 +305,8 @@ def materialize(resolved: ResolvedModel) -> Path:
                                                  dtype="float32")
     # The weights are plain float32 tensors after dequantization; drop the GGUF marker so
     # the copy saves and reloads as an ordinary model.
-    model.hf_quantizer = None
+    # (torch types Module.__setattr__'s value as Tensor | Module; it takes any object)
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")

@@ -4,11 +4,14 @@ environment variables override them (flags win)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import platformdirs
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+if TYPE_CHECKING:  # imported lazily: the loader pulls in transformers
+    from ftis.client.models.loader import LoraSettings
 
 Method = Literal["on_policy", "nois", "vis", "tis", "ftis"]
 
@@ -101,7 +104,7 @@ class ClientConfig(BaseSettings):
         return None if self.max_memory is None else parse_size(self.max_memory)
 
     @property
-    def lora_settings(self):  # noqa: ANN201 - LoraSettings, imported lazily
+    def lora_settings(self) -> LoraSettings:
         """:class:`~ftis.client.models.loader.LoraSettings` from the ``lora_*`` fields."""
         from ftis.client.models.loader import LoraSettings
 

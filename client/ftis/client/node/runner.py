@@ -20,7 +20,7 @@ from ftis.client.learner.trainer import Learner, LearnerConfig, SenderStats
 from ftis.client.models.loader import Policy
 from ftis.client.node.config import ClientConfig
 from ftis.client.rollout.groups import RolloutGroup
-from ftis.client.rollout.sampler import SamplingSettings, sample_groups
+from ftis.client.rollout.sampler import SampledCompletion, SamplingSettings, sample_groups
 from ftis.client.swarm.connection import SwarmConnection
 from ftis.client.swarm.cross_tokenizer import retokenizer_for
 from ftis.client.swarm.external_pool import ExternalPool
@@ -203,7 +203,7 @@ class VolunteerNode:
         return groups
 
     def make_bundle(self, lease: swarm_pb2.TaskLease, prompt_ids: list[int], prompt_text: str,
-                    sampled: list) -> bundle_pb2.Bundle:  # noqa: ANN001 - SampledCompletion
+                    sampled: list[SampledCompletion]) -> bundle_pb2.Bundle:
         """The bundle for one leased task: completions and their sampler log-probs.
 
         The text of each completion is ``decode(token_ids)`` with special tokens kept, the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ftis.client.swarm.cross_tokenizer import Retokenized
@@ -104,7 +104,7 @@ class RolloutGroup:
         Raises:
             ValueError: as ``__post_init__`` (e.g. rewards not matching the completions).
         """
-        common = dict(rewards=[float(r) for r in rewards], local=local,
+        common: dict[str, Any] = dict(rewards=[float(r) for r in rewards], local=local,
                       sender=bundle.node_id, policy_version=int(bundle.policy_version),
                       task_id=bundle.task_id, meta=dict(meta or {}))
         if retokenized is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -63,7 +64,7 @@ class SampledCompletion:
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: int  # bundle_pb2.FinishReason
+    finish_reason: bundle_pb2.FinishReason
 
 
 @dataclass
@@ -177,7 +178,7 @@ def sample_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     return index
 
 
-def _select_rows(cache, rows: torch.Tensor):  # noqa: ANN001, ANN202 - any transformers cache
+def _select_rows(cache: Any, rows: torch.Tensor) -> Any:  # any transformers cache
     """Keep (or repeat) batch ``rows`` of a KV cache, in that order."""
     if hasattr(cache, "batch_select_indices"):  # transformers Cache (DynamicCache, ...)
         cache.batch_select_indices(rows)
@@ -228,7 +229,7 @@ def sample_groups(
     start = time.perf_counter()
     if stop_strings and decode is None:
         raise ValueError("stop_strings need a decode function")
-    stopper = StopChecker(stop_strings, decode) if stop_strings else None
+    stopper = StopChecker(stop_strings, decode) if stop_strings and decode is not None else None
     if not prompts:
         return SamplingResult([], 0, time.perf_counter() - start)
     was_training = model.training
@@ -238,9 +239,9 @@ def sample_groups(
     batch = n_prompts * group_size
     input_ids = torch.full((n_prompts, width), pad_token_id, dtype=torch.long)
     attention = torch.zeros((n_prompts, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        input_ids[i, width - len(p) :] = torch.tensor(p)
-        attention[i, width - len(p) :] = 1
+    for i, prompt in enumerate(prompts):
+        input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+        attention[i, width - len(prompt) :] = 1
     input_ids, attention = input_ids.to(device), attention.to(device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)

@@ -13,9 +13,10 @@ import gzip
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from ftis.client.settings.throttle import TokenBucket
 from ftis.protocol.auth import sign_request
@@ -23,10 +24,18 @@ from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
 from ftis.protocol.envelope import seal
 from ftis.protocol.errors import raise_for_error
 from ftis.protocol.identity import NodeIdentity
-from ftis.v1 import bundle_pb2, swarm_pb2, swarm_pb2_grpc
+from ftis.v1 import bundle_pb2, common_pb2, swarm_pb2, swarm_pb2_grpc
+
+
+class _Response(Protocol):
+    """A Swarm response: every one has an ``error`` field."""
+
+    @property
+    def error(self) -> common_pb2.Error: ...
+
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+T = TypeVar("T", bound=_Response)
 CLIENT_VERSION = "ftis-client/0.1.0"
 _RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -76,7 +85,7 @@ class SwarmConnection:
     def close(self) -> None:
         self.channel.close()
 
-    def _call(self, fn: Callable[..., T], request: object, method: str | None = None) -> T:
+    def _call(self, fn: Callable[..., T], request: Message, method: str | None = None) -> T:
         delay = 0.5
         for attempt in range(self.retries):
             if method is not None:  # re-sign on each attempt: fresh timestamp

@@ -115,6 +115,7 @@ class ExternalPool:
                                 "verified rewards do not match the completions")
             retokenized: Retokenized | None = None
             if cross:
+                assert self.retokenizer is not None  # TOKENIZER_FOREIGN above otherwise
                 try:
                     retokenized = retokenize_bundle(bundle, relayed.task_question,
                                                     self.retokenizer)

@@ -477,9 +477,10 @@ def _reputation_set_signature() -> inspect.Signature:
     return inspect.Signature(params)
 
 
-_reputation_set.__signature__ = _reputation_set_signature()  # type: ignore[attr-defined]
+_reputation_set_sig = _reputation_set_signature()
+_reputation_set.__signature__ = _reputation_set_sig  # type: ignore[attr-defined]
 _reputation_set.__annotations__ = {
-    p.name: p.annotation for p in _reputation_set.__signature__.parameters.values()}
+    p.name: p.annotation for p in _reputation_set_sig.parameters.values()}
 reputation_app.command("set")(_reputation_set)
 
 

@@ -19,7 +19,7 @@ from ftis.coordinator.config import CoordinatorConfig
 from ftis.coordinator.quotas import Quotas
 from ftis.coordinator.reputation import ReputationConfig
 from ftis.coordinator.rescoring import RescoringPool
-from ftis.coordinator.state.base import State
+from ftis.coordinator.state.base import NodeRecord, State
 from ftis.coordinator.tokenizer_store import TokenizerCache
 from ftis.tasks import HeldoutSplit, TaskSource
 
@@ -107,16 +107,16 @@ class NodeCache:
         self.ttl_ms = int(ttl_s * 1000)
         self.capacity = capacity
         self._lock = threading.Lock()
-        self._nodes: dict[str, tuple[int, object]] = {}
+        self._nodes: dict[str, tuple[int, NodeRecord]] = {}
 
-    def get(self, node_id: str, now_ms: int) -> object | None:
+    def get(self, node_id: str, now_ms: int) -> NodeRecord | None:
         with self._lock:
             hit = self._nodes.get(node_id)
         if hit is None or now_ms - hit[0] > self.ttl_ms or now_ms < hit[0]:
             return None
         return hit[1]
 
-    def put(self, node_id: str, node: object, now_ms: int) -> None:
+    def put(self, node_id: str, node: NodeRecord, now_ms: int) -> None:
         with self._lock:
             if len(self._nodes) >= self.capacity:
                 self._nodes.clear()

@@ -39,7 +39,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -211,7 +211,7 @@ class _RegistryView:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterable[Metric]:
         return self.registry.collect()
 
 

@@ -30,6 +30,7 @@ import json
 import math
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,7 +249,7 @@ def _grid(since_ms: int, now_ms: int) -> tuple[int, list[int]]:
 
 
 def _chart(chart_id: str, title: str, unit: str, x: list[float],
-           series: list[tuple[str, list[float | None]]], kind: str = "line",
+           series: Sequence[tuple[str, Sequence[float | None]]], kind: str = "line",
            note: str = "", x_label: str = "") -> dict[str, Any]:
     """One chart: ``x`` in unix seconds unless ``x_label`` names another axis."""
     return {"id": chart_id, "title": title, "unit": unit, "kind": kind, "note": note,
@@ -286,9 +287,9 @@ def build_status(state: State, policy: ReputationConfig, now_ms: int,
         if k is None:
             continue
         accepted_window += r.bundles
-        for key in (("dataset", r.dataset), ("family", family.get(r.node_id, "unknown"))):
-            sums[key][0][k] += r.reward_sum
-            sums[key][1][k] += r.completions
+        for group in (("dataset", r.dataset), ("family", family.get(r.node_id, "unknown"))):
+            sums[group][0][k] += r.reward_sum
+            sums[group][1][k] += r.completions
 
     def reward_series(kind: str) -> list[tuple[str, list[float | None]]]:
         return [(safe_label(name) or "?", [_round(s / c) if c else None for s, c in zip(*v,

@@ -105,8 +105,9 @@ class CoordinatorServer:
         self.config = config
         self.reuse_port = reuse_port
         self.state = state if state is not None else SqlState(config.db_url)
-        if getattr(self.state, "engine", None) is not None:
-            metrics.instrument_engine(self.state.engine)
+        engine = getattr(self.state, "engine", None)  # an SqlState's
+        if engine is not None:
+            metrics.instrument_engine(engine)
         self.ctx = Context.create(config, self.state, clock)
         self.http_listen = http_listen
         self.http_optional = http_optional

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from ftis.coordinator.handlers import bundles, feedback, leases, nodes, relay
 from ftis.coordinator.handlers.context import Context
@@ -185,7 +186,7 @@ _METHODS: dict[str, tuple[type, type]] = {
 }
 
 
-def _bounded_deserializer(request_cls: type, limit: int) -> Callable[[bytes], Any]:
+def _bounded_deserializer(request_cls: type[Message], limit: int) -> Callable[[bytes], Any]:
     def deserialize(data: bytes) -> Any:
         if len(data) > limit:
             return _TooLarge(len(data), limit)

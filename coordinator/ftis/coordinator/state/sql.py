@@ -33,7 +33,7 @@ import math
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from alembic.util import CommandError
 from sqlalchemy import (
@@ -46,6 +46,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Table,
     Text,
     bindparam,
     case,
@@ -59,7 +60,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -98,6 +99,9 @@ T = TypeVar("T")
 
 class Base(DeclarativeBase):
     """Declarative base of the coordinator tables."""
+
+    if TYPE_CHECKING:  # every table here is declared by __tablename__: a Table
+        __table__: ClassVar[Table]
 
 
 class NodeRow(Base):
@@ -596,7 +600,7 @@ class SqlState(State):
         return None if row is None else self._node_from_row(row)
 
     @staticmethod
-    def _lease_record(row: LeaseRow) -> LeaseRecord:
+    def _lease_record(row: Any) -> LeaseRecord:  # a LeaseRow or a row of its columns
         return LeaseRecord(
             lease_id=row.lease_id,
             task_id=row.task_id,
@@ -792,12 +796,13 @@ class SqlState(State):
                                     .values(**changes))
             record = None
             if m is not None:
+                standing_fields: dict[str, Any] = {} if standing is None else {
+                    "rep_good": standing.good, "rep_bad": standing.bad,
+                    "rep_updated_ms": standing.updated_at_ms,
+                    "quarantined": standing.quarantined}
                 record = dataclasses.replace(
                     self._node_from_row(m), bundles_rejected=rejected, **changes,
-                    **({} if standing is None else {
-                        "rep_good": standing.good, "rep_bad": standing.bad,
-                        "rep_updated_ms": standing.updated_at_ms,
-                        "quarantined": standing.quarantined}))
+                    **standing_fields)
             return CommittedVerdict(bundle=stored, node=record, proof_id=proof_id)
 
         try:
@@ -1009,7 +1014,7 @@ class SqlState(State):
                     latest_metrics_step=0,
                 )
                 session.add(row)
-                rep = ReputationRow(
+                rep: ReputationRow | None = ReputationRow(
                     node_id=node_id, good=0.0, bad=0.0, updated_ms=now_ms, quarantined=False,
                     bundles_rejected=0,
                 )
@@ -1151,11 +1156,11 @@ class SqlState(State):
     def _bump_rejected(self, session: Session, node_id: str) -> None:
         """``bundles_rejected + 1`` of a known node (unknown ones are skipped)."""
         reps = ReputationRow.__table__
-        bumped = session.execute(
+        bumped = cast("CursorResult[Any]", session.execute(  # an UPDATE's result
             update(reps)
             .where(reps.c.node_id == node_id)
             .values(bundles_rejected=reps.c.bundles_rejected + 1)
-        )
+        ))
         if bumped.rowcount == 0:  # a node without a reputation row (never after 0002)
             node = session.get(NodeRow, node_id, with_for_update=True)
             if node is not None:

@@ -192,7 +192,9 @@ class PostgresServer:
         args = [str(bindir / "postgres"), "-D", str(data), "-k", str(self.root), "-p", str(PORT)]
         for name, value in self.settings.items():
             args += ["-c", f"{name}={value}"]
-        log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
+        log_path = self.log_path
+        assert log_path is not None  # self.root is set above
+        log = open(log_path, "wb")  # noqa: SIM115 - handed to the child
         try:
             self.process = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
