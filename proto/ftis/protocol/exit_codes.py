@@ -96,7 +96,9 @@ EXIT_CODE_HELP: dict[int, str] = {
     ),
     ExitCode.CLIENT_COORDINATOR_UNREACHABLE: (
         "The coordinator cannot be reached or a call failed at the gRPC level "
-        "(UNAVAILABLE and DEADLINE_EXCEEDED after 8 attempts, backoff up to 10 s; "
+        "(`start`: UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential backoff "
+        "and full jitter, up to 30 s apart, until the coordinator has been unreachable "
+        "for `--max-outage` seconds, default 1800; the last checkpoint is kept; "
         "`attack`: 30 failed rounds in a row; `status`: its Heartbeat got no answer within "
         "`--timeout`, the local numbers are still shown)."
     ),

@@ -65,6 +65,9 @@ def start(
     checkpoint_every: Annotated[int | None, typer.Option(
         help="checkpoint every k rounds (and after the last)")] = None,
     display_name: Annotated[str | None, typer.Option()] = None,
+    max_outage: Annotated[float | None, typer.Option(
+        help="seconds the coordinator may stay unreachable (retried with backoff and "
+             "jitter) before exiting with code 50; 0 = wait forever (default 1800)")] = None,
     eval_every: Annotated[int | None, typer.Option(
         help="greedy pass@1 on held-out and OOD sets every k rounds (0 = off)")] = None,
     eval_config: Annotated[Path | None, typer.Option(help="JSON evaluation config")] = None,
@@ -148,7 +151,7 @@ def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN00
     from ftis.client.node.runtime import configure_runtime, seconds_since_process_start
     from ftis.client.settings.gate import RoundGate, apply_settings, node_state
     from ftis.client.settings.model import resolve_settings
-    from ftis.client.swarm.connection import SwarmConnection
+    from ftis.client.swarm.connection import RetryPolicy, SwarmConnection
     from ftis.protocol.errors import FtisError
     from ftis.protocol.identity import NodeIdentity
 
@@ -169,7 +172,8 @@ def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN00
                   f"tokenizer {card.tokenizer_fingerprint[:12]}")
     conn = SwarmConnection(cfg.coordinator, identity, card,
                            display_name=cfg.display_name or f"{cfg.model}/{cfg.peft}",
-                           tokenizer_json=policy.tokenizer_json)
+                           tokenizer_json=policy.tokenizer_json,
+                           retry=RetryPolicy(max_outage_s=cfg.max_outage or None))
     try:
         conn.register()
         node = VolunteerNode(cfg, policy, conn)
