@@ -115,7 +115,10 @@ EXIT_CODE_HELP: dict[int, str] = {
     ExitCode.CLIENT_MEMORY_BUDGET: (
         "`start --max-memory SIZE`: the estimated peak memory exceeds SIZE; checked "
         "before any weight is loaded or the coordinator contacted, the one-line message "
-        "gives the estimate, its largest parts and what to change (docs/heterogeneity.md)."
+        "gives the estimate, its largest parts and what to change (docs/heterogeneity.md). "
+        "Also before each round, before anything is leased: the round's estimated peak "
+        "exceeds SIZE or the machine's total memory less 256 MiB (a round that only "
+        "lacks the memory available now waits for it instead, and says so)."
     ),
     ExitCode.CLIENT_SWARM_FAILED: (
         "`demo`: the coordinator or a client it started failed or did not finish within "

@@ -140,6 +140,22 @@ def check_memory(cfg) -> int:  # noqa: ANN001 - ClientConfig, imported lazily
     return ExitCode.OK
 
 
+def round_memory_guard(cfg, on_wait=None):  # noqa: ANN001, ANN201 - lazily imported types
+    """A :class:`~ftis.client.node.memory.RoundMemoryGuard` for ``cfg``'s round shape
+    (the larger of its generation and learning peaks, ``--max-memory`` as the cap), or
+    ``None`` (logged) when the model's config cannot be read for an estimate."""
+    from ftis.client.models.registry import ModelNotFoundError
+    from ftis.client.node.memory import RoundMemoryGuard, estimate_for_config, round_peak
+
+    try:
+        needed, phase = round_peak(estimate_for_config(cfg))
+    except (ModelNotFoundError, OSError, ValueError) as exc:
+        logging.getLogger(__name__).warning("no memory estimate of a round (%s); rounds "
+                                            "start without a memory check", exc)
+        return None
+    return RoundMemoryGuard(needed, phase, cfg.max_memory_bytes, on_wait=on_wait)
+
+
 def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN001
     """Start a node from ``cfg`` (a ClientConfig) under the volunteer settings resolved
     from ``setting_flags`` (re-read between rounds); returns an exit code."""
@@ -147,6 +163,7 @@ def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN00
 
     from ftis.client.models.loader import load_policy
     from ftis.client.models.registry import ModelNotFoundError
+    from ftis.client.node.memory import RoundMemoryError
     from ftis.client.node.runner import VolunteerNode
     from ftis.client.node.runtime import configure_runtime, seconds_since_process_start
     from ftis.client.settings.gate import RoundGate, apply_settings, node_state
@@ -213,9 +230,21 @@ def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN00
             gate = RoundGate(lambda: resolve_settings(setting_flags), on_change=on_pause,
                              on_settings=lambda r: apply_settings(conn, r.settings))
 
+            def on_memory_wait(decision) -> None:  # noqa: ANN001 - RoundMemoryDecision
+                from ftis.client.settings.schedule import Decision
+
+                if decision is None:
+                    on_pause(Decision(may_run=True))
+                else:
+                    on_pause(Decision(may_run=False, reasons=(decision.reason,)))
+
+            guard = round_memory_guard(cfg, on_memory_wait)
+
             def before_round() -> None:
                 decision = gate()
                 write_state("running", decision)
+                if guard is not None:
+                    guard()  # waits (holding no lease) or raises RoundMemoryError
 
             try:
                 node.run(on_round, before_round=before_round)
@@ -227,6 +256,10 @@ def run(cfg, setting_flags: dict[str, Any] | None = None) -> int:  # noqa: ANN00
     except FtisError as exc:
         console.print(f"[red]rejected by the coordinator:[/red] {exc}")
         return ExitCode.CLIENT_REJECTED
+    except RoundMemoryError as exc:
+        console.print(f"[red]not starting round {node.round + 1}:[/red] {exc}",
+                      soft_wrap=True)
+        return ExitCode.CLIENT_MEMORY_BUDGET
     except KeyboardInterrupt:
         console.print("interrupted; the last checkpoint is kept")
         return ExitCode.INTERRUPTED
