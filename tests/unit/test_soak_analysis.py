@@ -22,12 +22,16 @@ def _load_soak():  # noqa: ANN202 - a module
 soak = _load_soak()
 
 
-def _records(rss, fds, round_s, minutes: int = 60) -> list[dict]:  # noqa: ANN001
-    """One sample and one round every 10 s for ``minutes``; values from functions of t."""
-    out = []
-    for t in range(0, minutes * 60 + 1, 10):
-        out.append({"kind": "sample", "t": float(t), "rss_mib": rss(t), "fds": fds(t)})
+def _records(rss, fds, round_s, minutes: int = 60, cpu=None) -> list[dict]:  # noqa: ANN001
+    """One sample and one round every 10 s for ``minutes``; values from functions of t
+    (CPU seconds per round: ``cpu``, default the round's wall time)."""
+    out, cpu_s = [], 0.0
+    cpu = cpu or round_s
+    for k, t in enumerate(range(0, minutes * 60 + 1, 10)):
+        out.append({"kind": "sample", "t": float(t), "rss_mib": rss(t), "fds": fds(t),
+                    "cpu_s": cpu_s, "rounds": k})
         out.append({"kind": "round", "t": t + 5.0, "round_seconds": round_s(t)})
+        cpu_s += cpu(t)
     return out
 
 
@@ -49,7 +53,8 @@ def test_flat_series_with_noise_is_flat():
     recs = _records(lambda t: 500 + noise[int(t) // 10 % 5],
                     lambda t: 8 + (t // 10 % 2), lambda t: 1.0 + noise[int(t) // 10 % 5] / 30)
     trends = soak.summarize(recs, warmup_s=120)
-    assert [tr.flat for tr in trends] == [True, True, True]
+    assert [tr.metric for tr in trends] == ["rss_mib", "fds", "round_cpu_s", "round_seconds"]
+    assert [tr.flat for tr in trends] == [True, True, True, True]
     rss = trends[0]
     assert rss.metric == "rss_mib" and rss.first == 500 and rss.tolerance == 10.0
     assert rss.n == len([r for r in recs if r["kind"] == "sample" and r["t"] >= 120])
@@ -60,13 +65,27 @@ def test_a_leak_a_descriptor_leak_and_a_slowdown_are_caught():
     # 20 MiB/h on 500 MiB (tolerance 2 %/h = 10), one fd per 20 min, rounds +15 %/h
     recs = _records(lambda t: 500 + 20 * t / 3600, lambda t: 8 + t // 1200,
                     lambda t: 1.0 + 0.15 * t / 3600)
-    rss, fds, rounds = soak.summarize(recs, warmup_s=120)
+    rss, fds, cpu, rounds = soak.summarize(recs, warmup_s=120)
     assert rss.slope_per_h == pytest.approx(20.0) and not rss.flat
     assert rss.last - rss.first == pytest.approx(20 * 0.75 * (3600 - 120) / 3600, abs=0.3)
     assert fds.first == 8 and fds.last == 10 and not fds.flat
     assert rounds.slope_per_h == pytest.approx(0.15) and not rounds.flat
-    assert soak.report_lines([rss, fds, rounds])[-1] == \
-        "verdict: GROWING (rss_mib, fds, round_seconds)"
+    # CPU per round is averaged over the past minute: a slope of 0.15 s/h, less the lag
+    assert cpu.slope_per_h == pytest.approx(0.15, rel=0.01) and not cpu.flat
+    assert soak.report_lines([rss, fds, cpu, rounds])[-1] == \
+        "verdict: GROWING (rss_mib, fds, round_cpu_s)"
+
+
+def test_wall_clock_slowdown_alone_is_reported_but_not_in_the_verdict():
+    # other processes slow the rounds down; the CPU they take stays 1 s
+    recs = _records(lambda t: 500, lambda t: 8, lambda t: 1.0 + 0.5 * t / 3600,
+                    cpu=lambda t: 1.0)
+    trends = soak.summarize(recs, warmup_s=120)
+    assert [tr.flat for tr in trends] == [True, True, True, False]
+    lines = soak.report_lines(trends)
+    assert lines[-1] == "verdict: flat" and "not in the verdict" in lines[-2]
+    cpu = trends[2]
+    assert cpu.first == cpu.last == pytest.approx(1.0)
 
 
 def test_falling_is_flat_and_a_step_at_the_end_is_not():
