@@ -10,7 +10,7 @@ ROUNDS ?= 20
 SEED ?= 0
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup test-deps installer-deps installers test-installers test test-fast demo bench bench-learner bench-coordinator experiments proto lint clean
+.PHONY: setup test-deps installer-deps installers test-installers test test-fast demo bench bench-learner bench-coordinator bench-soak experiments proto lint clean
 
 setup: $(STAMP)
 
@@ -106,6 +106,14 @@ bench-learner: setup
 # N = 32 (docs/benchmarks.md).
 bench-coordinator: setup test-deps
 	$(BIN)/python bench/coordinator_load.py
+
+# A node that runs for days (issue 14, part 6): one tiny-model `ftis-client start` against a
+# local coordinator for SOAK_MINUTES (default 60), sampling the client's RSS, open fds and
+# round time into bench/results/soak-DATE.jsonl; first- vs last-quarter medians, slope per
+# hour and a verdict line (flat within the tolerances of docs/benchmarks.md); exit 1 if not.
+SOAK_MINUTES ?= 60
+bench-soak: setup
+	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES)
 
 # The experiment matrices of docs/results.md, then its tables (experiments/summarize.py
 # copies each run's raw results to experiments/results/ID and rewrites the tables).

@@ -96,7 +96,9 @@ EXIT_CODE_HELP: dict[int, str] = {
     ),
     ExitCode.CLIENT_COORDINATOR_UNREACHABLE: (
         "The coordinator cannot be reached or a call failed at the gRPC level "
-        "(UNAVAILABLE and DEADLINE_EXCEEDED after 8 attempts, backoff up to 10 s; "
+        "(`start`: UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential backoff "
+        "and full jitter, up to 30 s apart, until the coordinator has been unreachable "
+        "for `--max-outage` seconds, default 1800; the last checkpoint is kept; "
         "`attack`: 30 failed rounds in a row; `status`: its Heartbeat got no answer within "
         "`--timeout`, the local numbers are still shown)."
     ),
@@ -113,7 +115,10 @@ EXIT_CODE_HELP: dict[int, str] = {
     ExitCode.CLIENT_MEMORY_BUDGET: (
         "`start --max-memory SIZE`: the estimated peak memory exceeds SIZE; checked "
         "before any weight is loaded or the coordinator contacted, the one-line message "
-        "gives the estimate, its largest parts and what to change (docs/heterogeneity.md)."
+        "gives the estimate, its largest parts and what to change (docs/heterogeneity.md). "
+        "Also before each round, before anything is leased: the round's estimated peak "
+        "exceeds SIZE or the machine's total memory less 256 MiB (a round that only "
+        "lacks the memory available now waits for it instead, and says so)."
     ),
     ExitCode.CLIENT_SWARM_FAILED: (
         "`demo`: the coordinator or a client it started failed or did not finish within "

@@ -15,7 +15,10 @@ from ftis.client.settings.options import with_setting_flags
 from ftis.protocol.exit_codes import ExitCode
 
 if TYPE_CHECKING:  # imported lazily, where used
+    from collections.abc import Callable
+
     from ftis.client.node.config import ClientConfig
+    from ftis.client.node.memory import RoundMemoryGuard
     from ftis.client.node.runner import RoundResult
     from ftis.client.settings.schedule import Decision
 
@@ -70,6 +73,9 @@ def start(
     checkpoint_every: Annotated[int | None, typer.Option(
         help="checkpoint every k rounds (and after the last)")] = None,
     display_name: Annotated[str | None, typer.Option()] = None,
+    max_outage: Annotated[float | None, typer.Option(
+        help="seconds the coordinator may stay unreachable (retried with backoff and "
+             "jitter) before exiting with code 50; 0 = wait forever (default 1800)")] = None,
     eval_every: Annotated[int | None, typer.Option(
         help="greedy pass@1 on held-out and OOD sets every k rounds (0 = off)")] = None,
     eval_config: Annotated[Path | None, typer.Option(help="JSON evaluation config")] = None,
@@ -142,6 +148,23 @@ def check_memory(cfg: ClientConfig) -> int:
     return ExitCode.OK
 
 
+def round_memory_guard(cfg: ClientConfig, on_wait: Callable[..., Any] | None = None
+                       ) -> RoundMemoryGuard | None:
+    """A :class:`~ftis.client.node.memory.RoundMemoryGuard` for ``cfg``'s round shape
+    (the larger of its generation and learning peaks, ``--max-memory`` as the cap), or
+    ``None`` (logged) when the model's config cannot be read for an estimate."""
+    from ftis.client.models.registry import ModelNotFoundError
+    from ftis.client.node.memory import RoundMemoryGuard, estimate_for_config, round_peak
+
+    try:
+        needed, phase = round_peak(estimate_for_config(cfg))
+    except (ModelNotFoundError, OSError, ValueError) as exc:
+        logging.getLogger(__name__).warning("no memory estimate of a round (%s); rounds "
+                                            "start without a memory check", exc)
+        return None
+    return RoundMemoryGuard(needed, phase, cfg.max_memory_bytes, on_wait=on_wait)
+
+
 def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
     """Start a node from ``cfg`` (a ClientConfig) under the volunteer settings resolved
     from ``setting_flags`` (re-read between rounds); returns an exit code."""
@@ -149,11 +172,12 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
 
     from ftis.client.models.loader import load_policy
     from ftis.client.models.registry import ModelNotFoundError
+    from ftis.client.node.memory import RoundMemoryError
     from ftis.client.node.runner import VolunteerNode
     from ftis.client.node.runtime import configure_runtime, seconds_since_process_start
     from ftis.client.settings.gate import RoundGate, apply_settings, node_state
     from ftis.client.settings.model import resolve_settings
-    from ftis.client.swarm.connection import SwarmConnection
+    from ftis.client.swarm.connection import RetryPolicy, SwarmConnection
     from ftis.protocol.errors import FtisError
     from ftis.protocol.identity import NodeIdentity
 
@@ -174,7 +198,8 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
                   f"tokenizer {card.tokenizer_fingerprint[:12]}")
     conn = SwarmConnection(cfg.coordinator, identity, card,
                            display_name=cfg.display_name or f"{cfg.model}/{cfg.peft}",
-                           tokenizer_json=policy.tokenizer_json)
+                           tokenizer_json=policy.tokenizer_json,
+                           retry=RetryPolicy(max_outage_s=cfg.max_outage or None))
     try:
         conn.register()
         node = VolunteerNode(cfg, policy, conn)
@@ -214,9 +239,21 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
             gate = RoundGate(lambda: resolve_settings(setting_flags), on_change=on_pause,
                              on_settings=lambda r: apply_settings(conn, r.settings))
 
+            def on_memory_wait(decision) -> None:  # noqa: ANN001 - RoundMemoryDecision
+                from ftis.client.settings.schedule import Decision
+
+                if decision is None:
+                    on_pause(Decision(may_run=True))
+                else:
+                    on_pause(Decision(may_run=False, reasons=(decision.reason,)))
+
+            guard = round_memory_guard(cfg, on_memory_wait)
+
             def before_round() -> None:
                 decision = gate()
                 write_state("running", decision)
+                if guard is not None:
+                    guard()  # waits (holding no lease) or raises RoundMemoryError
 
             try:
                 node.run(on_round, before_round=before_round)
@@ -228,6 +265,10 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
     except FtisError as exc:
         console.print(f"[red]rejected by the coordinator:[/red] {exc}")
         return ExitCode.CLIENT_REJECTED
+    except RoundMemoryError as exc:
+        console.print(f"[red]not starting round {node.round + 1}:[/red] {exc}",
+                      soft_wrap=True)
+        return ExitCode.CLIENT_MEMORY_BUDGET
     except KeyboardInterrupt:
         console.print("interrupted; the last checkpoint is kept")
         return ExitCode.INTERRUPTED

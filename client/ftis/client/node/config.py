@@ -71,6 +71,10 @@ class ClientConfig(BaseSettings):
     checkpoint_every: int = Field(1, ge=1)
     threads: int | None = Field(None, ge=1, description="torch CPU threads")
     display_name: str = ""
+    max_outage: float = Field(
+        1800.0, ge=0, description="seconds the coordinator may stay unreachable (it retries "
+        "with backoff and jitter meanwhile) before the client exits with code 50; 0 = "
+        "wait forever")
     eval_every: int = Field(0, ge=0, description="greedy held-out evaluation every k rounds")
     eval_config: Path | None = Field(None, description="JSON EvalConfig (sets, size, seed)")
 

@@ -389,3 +389,163 @@ def estimate_for_config(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) ->
         group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
         micro_batch_size=cfg.micro_batch_size, prompt_tokens=prompt_tokens,
         needs_conversion=needs_conversion)
+
+
+# ---------------------------------------------------------------------- before each round
+
+#: Memory left to the rest of the machine when a round starts (bytes): a round that
+#: would take the last few hundred MiB makes the machine swap or wakes the OOM killer.
+ROUND_MEMORY_RESERVE = 256 * MiB
+#: Seconds between checks while a round waits for memory to free up.
+ROUND_MEMORY_POLL_S = 30.0
+
+
+class RoundMemoryError(MemoryBudgetError):
+    """A round can never fit: its estimate exceeds ``--max-memory`` or the machine's
+    total memory (less :data:`ROUND_MEMORY_RESERVE`)."""
+
+
+@dataclass(frozen=True)
+class RoundMemoryDecision:
+    """The answer of :func:`decide_round_memory`.
+
+    Attributes:
+        action: ``"run"`` (lease now), ``"wait"`` (not now, memory may free up) or
+            ``"exit"`` (can never fit).
+        needed: the round's estimated peak resident memory, bytes.
+        extra: what the round needs beyond the process's resident memory now, bytes.
+        available: memory available to new allocations now, bytes.
+        reason: one line for the volunteer (empty for ``"run"``).
+    """
+
+    action: str
+    needed: int
+    extra: int
+    available: int
+    reason: str = ""
+
+
+def round_hints(phase: str) -> str:
+    """Flags that shrink the ``phase`` (``generation`` or ``learning``) of a round."""
+    if phase == "generation":
+        return "lower --local-groups, --group-size or --max-new-tokens"
+    return "lower --micro-batch-size or --max-new-tokens"
+
+
+def decide_round_memory(needed: int, rss: int, available: int, total: int,
+                        cap: int | None = None, phase: str = "learning",
+                        reserve: int = ROUND_MEMORY_RESERVE) -> RoundMemoryDecision:
+    """Whether a round whose peak is estimated at ``needed`` bytes may start now.
+
+    Pure arithmetic, all sizes in bytes:
+
+    * ``"exit"`` when ``needed > cap`` (``--max-memory``), or ``needed > total -
+      reserve``: it will never fit on this machine;
+    * ``"wait"`` when ``extra = max(needed - rss, 0)`` (the process already holds
+      ``rss``: weights, optimizer state, allocator pools) exceeds ``available - reserve``
+      (``psutil.virtual_memory().available``): other programs hold the memory now and
+      may free it (a process that already holds ``needed`` needs nothing more: waiting
+      could not help);
+    * ``"run"`` otherwise.
+
+    ``phase`` names the part that peaks, for the hint in ``reason``.
+    """
+    extra = max(needed - rss, 0)
+    mib = lambda n: f"{n / MiB:,.0f} MiB"  # noqa: E731
+    hint = round_hints(phase)
+    if cap is not None and needed > cap:
+        return RoundMemoryDecision(
+            "exit", needed, extra, available,
+            f"round needs ~{mib(needed)} at its peak ({phase}), above --max-memory "
+            f"{mib(cap)}; {hint}, or raise --max-memory")
+    if needed > total - reserve:
+        return RoundMemoryDecision(
+            "exit", needed, extra, available,
+            f"round needs ~{mib(needed)} at its peak ({phase}) but this machine has "
+            f"{mib(total)} in all ({mib(reserve)} kept free); {hint}")
+    if extra > 0 and extra > available - reserve:
+        return RoundMemoryDecision(
+            "wait", needed, extra, available,
+            f"round needs ~{mib(extra)} more ({mib(needed)} at its peak, {phase}), "
+            f"{mib(max(available - reserve, 0))} available ({mib(reserve)} kept free); "
+            f"waiting for memory, or {hint}")
+    return RoundMemoryDecision("run", needed, extra, available)
+
+
+def round_peak(estimate: MemoryEstimate) -> tuple[int, str]:
+    """``(bytes, phase)`` of the larger of a round's two phases, generation and learning
+    (loading and GGUF conversion happen once, before the first round)."""
+    phase = max(("generation", "learning"), key=estimate.phase_total)
+    return estimate.phase_total(phase), phase
+
+
+def memory_snapshot() -> tuple[int, int, int]:
+    """``(rss, available, total)`` in bytes: this process's resident set size and
+    ``psutil.virtual_memory()``'s ``available`` and ``total``."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return psutil.Process().memory_info().rss, int(vm.available), int(vm.total)
+
+
+class RoundMemoryGuard:
+    """Called before each round, before anything is leased: returns when the round
+    fits, waits (polling every ``poll_s`` seconds, holding no lease) while it does not
+    fit the memory available now, raises :class:`RoundMemoryError` when it never will.
+
+    Args:
+        needed: the round's estimated peak, bytes (:func:`round_peak`).
+        phase: the phase that peaks (``generation`` or ``learning``).
+        cap: ``--max-memory`` in bytes, ``None`` for none.
+        probe: ``() -> (rss, available, total)`` bytes (default :func:`memory_snapshot`).
+        on_wait: called with each waiting decision whose reason changed, and with
+            ``None`` once the round may run after a wait.
+        sleep: ``time.sleep``, replaceable in tests.
+        poll_s: seconds between checks while waiting (default
+            :data:`ROUND_MEMORY_POLL_S`).
+        reserve: bytes left to the rest of the machine.
+    """
+
+    def __init__(self, needed: int, phase: str, cap: int | None = None, *,
+                 probe: Any = None, on_wait: Any = None, sleep: Any = None,
+                 poll_s: float | None = None, reserve: int = ROUND_MEMORY_RESERVE) -> None:
+        import time
+
+        self.needed, self.phase, self.cap = needed, phase, cap
+        self.probe, self.on_wait = probe or memory_snapshot, on_wait
+        self.sleep = sleep or time.sleep
+        self.poll_s = ROUND_MEMORY_POLL_S if poll_s is None else poll_s
+        self.reserve = reserve
+        #: seconds spent waiting for memory, all rounds together
+        self.waited_s = 0.0
+
+    def __call__(self) -> RoundMemoryDecision:
+        """Block until the round fits; returns the decision that let it run.
+
+        Raises:
+            RoundMemoryError: it can never fit (message: the reason, with what to change).
+        """
+        import logging
+
+        log = logging.getLogger(__name__)
+        last_reason = None
+        while True:
+            rss, available, total = self.probe()
+            d = decide_round_memory(self.needed, rss, available, total, self.cap,
+                                    self.phase, self.reserve)
+            if d.action == "exit":
+                raise RoundMemoryError(d.reason)
+            if d.action == "run":
+                if last_reason is not None:
+                    log.warning("memory available again (%s MiB); resuming",
+                                f"{d.available / MiB:,.0f}")
+                    if self.on_wait:
+                        self.on_wait(None)
+                return d
+            if d.reason != last_reason:
+                log.warning("%s", d.reason)
+                if self.on_wait:
+                    self.on_wait(d)
+                last_reason = d.reason
+            self.sleep(self.poll_s)
+            self.waited_s += self.poll_s

@@ -1,18 +1,25 @@
 """The client side of the ``ftis.v1.Swarm`` service: register, lease, submit, pull, report.
 
 Every call raises :class:`ftis.protocol.errors.FtisError` when the coordinator answers
-with an error code, and retries transient transport failures (coordinator restarting,
-``UNAVAILABLE``/``DEADLINE_EXCEEDED``) with exponential backoff. Submissions are
-idempotent from the coordinator's point of view (a lease is answered once), so a retried
-submission whose first attempt landed comes back as ``BUNDLE_REPLAYED``.
+with an error code (never retried), and retries transient transport failures
+(coordinator stopped or restarting: ``UNAVAILABLE``/``DEADLINE_EXCEEDED``) with
+exponential backoff and full jitter (:func:`backoff_delay`) for as long as
+:class:`RetryPolicy` allows (by default until the coordinator has been unreachable for
+30 minutes), so a node outlives a coordinator restart with its identity, round counter
+and checkpoints. Submissions are idempotent from the coordinator's point of view (a
+lease is answered once), so a retried submission whose first attempt landed comes back
+as ``BUNDLE_REPLAYED``; a lease that expired during the outage comes back as
+``LEASE_EXPIRED``; the round loop drops both (:meth:`VolunteerNode.submit`).
 """
 
 from __future__ import annotations
 
 import gzip
 import logging
+import random
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import grpc
@@ -40,6 +47,52 @@ CLIENT_VERSION = "ftis-client/0.1.0"
 _RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+def backoff_delay(attempt: int, rng: random.Random, base_s: float = 0.5,
+                  cap_s: float = 30.0) -> float:
+    """Seconds to wait before retry ``attempt`` (0 = the first retry): "full jitter".
+
+    Uniform on ``[0, min(cap_s, base_s * 2**attempt)]`` (Brooker, "Exponential Backoff
+    and Jitter", AWS Architecture Blog, 2015): the ceiling doubles per attempt up to
+    ``cap_s``, and the draw spreads the volunteers that lost the same coordinator over
+    the whole window so that they do not all come back at the same instant. Pure but
+    for ``rng``: the same seed gives the same delays.
+
+    Raises:
+        ValueError: ``attempt < 0``, ``base_s <= 0`` or ``cap_s < base_s``.
+    """
+    if attempt < 0 or base_s <= 0 or cap_s < base_s:
+        raise ValueError(f"need attempt >= 0 and 0 < base_s <= cap_s, got attempt={attempt}, "
+                         f"base_s={base_s}, cap_s={cap_s}")
+    ceiling = cap_s if attempt >= 64 else min(cap_s, base_s * 2.0**attempt)
+    return rng.uniform(0.0, ceiling)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a call keeps retrying ``UNAVAILABLE``/``DEADLINE_EXCEEDED``.
+
+    Attributes:
+        base_s, cap_s: :func:`backoff_delay`'s first ceiling and cap, seconds.
+        max_outage_s: give up (re-raise the last ``grpc.RpcError``) once the next retry
+            would start more than this many seconds after the call's first failure;
+            ``None``: never.
+        max_attempts: give up after this many attempts (the first included); ``None``:
+            no limit.
+    """
+
+    base_s: float = 0.5
+    cap_s: float = 30.0
+    max_outage_s: float | None = 1800.0
+    max_attempts: int | None = None
+
+    def gives_up(self, attempts: int, failing_s: float, next_delay_s: float) -> bool:
+        """Whether to stop after ``attempts`` failed attempts, the first ``failing_s``
+        seconds ago, rather than wait ``next_delay_s`` and try again."""
+        if self.max_attempts is not None and attempts >= self.max_attempts:
+            return True
+        return self.max_outage_s is not None and failing_s + next_delay_s > self.max_outage_s
+
+
 class SwarmConnection:
     """A volunteer's connection to the coordinator.
 
@@ -47,8 +100,12 @@ class SwarmConnection:
         target: ``HOST:PORT`` of the coordinator's volunteer listener.
         identity: the node's Ed25519 key pair.
         card: the node's model card.
-        timeout_s: per-call deadline.
-        retries: attempts for transient failures.
+        timeout_s: per-call deadline, seconds.
+        retries: most attempts per call (the first included); ``None``: as many as
+            ``retry.max_outage_s`` allows. Overrides ``retry.max_attempts``.
+        retry: the backoff of transient failures (:class:`RetryPolicy`).
+        rng: the jitter's random source (default: seeded from the OS).
+        sleep, clock: ``time.sleep`` and ``time.monotonic``, replaceable in tests.
         tokenizer_json: the node's ``tokenizer.json`` text, uploaded at registration when
             the coordinator does not know the card's tokenizer fingerprint yet (it then
             checks ``text == decode(token_ids)`` on every bundle).
@@ -58,20 +115,35 @@ class SwarmConnection:
     """
 
     def __init__(self, target: str, identity: NodeIdentity, card: bundle_pb2.ModelCard,
-                 *, timeout_s: float = 60.0, retries: int = 8, display_name: str = "",
-                 tokenizer_json: str | None = None) -> None:
+                 *, timeout_s: float = 60.0, retries: int | None = None,
+                 retry: RetryPolicy | None = None, display_name: str = "",
+                 tokenizer_json: str | None = None, rng: random.Random | None = None,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.target = target
         self.tokenizer_json = tokenizer_json
         self.identity = identity
         self.card = card
         self.timeout_s = timeout_s
-        self.retries = retries
+        self.retry = retry or RetryPolicy()
+        if retries is not None:
+            self.retry = RetryPolicy(self.retry.base_s, self.retry.cap_s,
+                                     self.retry.max_outage_s, retries)
+        self.rng = rng or random.Random()
+        self._sleep, self._clock = sleep, clock
         self.display_name = display_name
+        #: transient failures retried so far (all calls)
+        self.transient_failures = 0
         self.channel = grpc.insecure_channel(
             target,
             options=[
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", 64 * MAX_GRPC_MESSAGE_BYTES),
+                # gRPC's own reconnect backoff (default up to 120 s) would keep the channel
+                # failing fast for up to two minutes after the coordinator is back
+                ("grpc.initial_reconnect_backoff_ms", 500),
+                ("grpc.min_reconnect_backoff_ms", 500),
+                ("grpc.max_reconnect_backoff_ms", 5000),
             ],
         )
         self.stub = swarm_pb2_grpc.SwarmStub(self.channel)
@@ -86,23 +158,36 @@ class SwarmConnection:
         self.channel.close()
 
     def _call(self, fn: Callable[..., T], request: Message, method: str | None = None) -> T:
-        delay = 0.5
-        for attempt in range(self.retries):
+        """``fn(request)``, retried on ``UNAVAILABLE``/``DEADLINE_EXCEEDED`` under
+        :attr:`retry`; raises ``FtisError`` on a coded answer, the last ``grpc.RpcError``
+        on giving up or on any other status."""
+        attempt, first_failure = 0, None
+        while True:
             if method is not None:  # re-sign on each attempt: fresh timestamp
                 sign_request(request, method, self.identity)
             try:
                 response = fn(request, timeout=self.timeout_s)
             except grpc.RpcError as exc:
-                if exc.code() not in _RETRY_CODES or attempt == self.retries - 1:
+                if exc.code() not in _RETRY_CODES:
                     raise
-                log.warning("coordinator %s: %s; retrying in %.1fs", self.target,
-                            exc.code().name, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                now = self._clock()
+                first_failure = now if first_failure is None else first_failure
+                delay = backoff_delay(attempt, self.rng, self.retry.base_s, self.retry.cap_s)
+                attempt += 1
+                if self.retry.gives_up(attempt, now - first_failure, delay):
+                    log.error("coordinator %s: %s; giving up after %d attempts over %.0f s",
+                              self.target, exc.code().name, attempt, now - first_failure)
+                    raise
+                self.transient_failures += 1
+                log.warning("coordinator %s: %s; retry %d in %.1f s", self.target,
+                            exc.code().name, attempt, delay)
+                self._sleep(delay)
                 continue
+            if first_failure is not None:
+                log.warning("coordinator %s is back after %.1f s", self.target,
+                            self._clock() - first_failure)
             raise_for_error(response.error)
             return response
-        raise AssertionError("unreachable")
 
     def register(self) -> swarm_pb2.RegisterResponse:
         payload = swarm_pb2.RegisterPayload(
