@@ -257,6 +257,10 @@ def test_list_bundles_owners_and_text_verification(state: SqlState) -> None:
     assert state.list_bundles(node_prefix="_") == []
     assert state.bundle_owners([a1, b2, "nope", a1]) == {a1: (a, True, 1), b2: (b, False, 2)}
     assert state.bundle_owners([]) == {}
+    got = state.get_bundle(b2)
+    assert got is not None and (got.bundle_id, got.node_id, got.sequence) == (b2, b, 2)
+    assert got == state.list_bundles(node_prefix=b)[0]
+    assert state.get_bundle("nope") is None and state.get_bundle("\x00") is None
     assert state.count_text_unverified(a) == (2, 1)
     assert state.count_text_unverified(node_id("ghost")) == (0, 0)
 

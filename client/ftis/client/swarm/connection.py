@@ -15,6 +15,7 @@ as ``BUNDLE_REPLAYED``; a lease that expired during the outage comes back as
 from __future__ import annotations
 
 import gzip
+import hashlib
 import logging
 import random
 import time
@@ -29,7 +30,7 @@ from ftis.client.settings.throttle import TokenBucket
 from ftis.protocol.auth import sign_request
 from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
 from ftis.protocol.envelope import seal
-from ftis.protocol.errors import raise_for_error
+from ftis.protocol.errors import ErrorCode, raise_for_error
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import bundle_pb2, common_pb2, swarm_pb2, swarm_pb2_grpc
 
@@ -91,6 +92,14 @@ class RetryPolicy:
         if self.max_attempts is not None and attempts >= self.max_attempts:
             return True
         return self.max_outage_s is not None and failing_s + next_delay_s > self.max_outage_s
+
+
+def is_stored_acknowledgement(reply: swarm_pb2.SubmitBundleResponse, bundle_id: str) -> bool:
+    """Whether ``reply`` is BUNDLE_REPLAYED for the payload whose SHA-256 is ``bundle_id``
+    with the stored bundle's verified rewards: the coordinator already stored it (an
+    earlier attempt's reply was lost), so this is its acknowledgement."""
+    return (reply.error.code == ErrorCode.BUNDLE_REPLAYED and reply.bundle_id == bundle_id
+            and len(reply.verified_rewards) > 0)
 
 
 class SwarmConnection:
@@ -157,10 +166,11 @@ class SwarmConnection:
     def close(self) -> None:
         self.channel.close()
 
-    def _call(self, fn: Callable[..., T], request: Message, method: str | None = None) -> T:
+    def _call(self, fn: Callable[..., T], request: Message, method: str | None = None,
+              accept: Callable[[T], bool] | None = None) -> T:
         """``fn(request)``, retried on ``UNAVAILABLE``/``DEADLINE_EXCEEDED`` under
-        :attr:`retry`; raises ``FtisError`` on a coded answer, the last ``grpc.RpcError``
-        on giving up or on any other status."""
+        :attr:`retry`; raises ``FtisError`` on a coded answer (unless ``accept`` takes
+        it), the last ``grpc.RpcError`` on giving up or on any other status."""
         attempt, first_failure = 0, None
         while True:
             if method is not None:  # re-sign on each attempt: fresh timestamp
@@ -186,6 +196,8 @@ class SwarmConnection:
             if first_failure is not None:
                 log.warning("coordinator %s is back after %.1f s", self.target,
                             self._clock() - first_failure)
+            if accept is not None and response.error.code and accept(response):
+                return response
             raise_for_error(response.error)
             return response
 
@@ -226,12 +238,18 @@ class SwarmConnection:
                         ) -> swarm_pb2.SubmitBundleResponse:
         """Submit an already sealed envelope (raises FtisError on a coded rejection).
 
+        A BUNDLE_REPLAYED reply that carries this very payload's stored acknowledgement
+        (:func:`is_stored_acknowledgement`: a retry after a reply that was lost) is
+        returned as the success it is.
+
         Waits first for :attr:`upload_limit`, if set, to allow the envelope's bytes.
         """
         if self.upload_limit is not None:
             self.upload_limit.consume(envelope.ByteSize())
+        bundle_id = hashlib.sha256(envelope.payload).hexdigest()
         return self._call(self.stub.SubmitBundle,
-                          swarm_pb2.SubmitBundleRequest(envelope=envelope))
+                          swarm_pb2.SubmitBundleRequest(envelope=envelope),
+                          accept=lambda reply: is_stored_acknowledgement(reply, bundle_id))
 
     def pull_bundles(self, cursor: int, max_bundles: int, fingerprint: str
                      ) -> swarm_pb2.PullBundlesResponse:

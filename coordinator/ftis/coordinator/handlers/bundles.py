@@ -70,6 +70,8 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
             tokenizer_id_bound=(ctx.tokenizers.id_bound(fingerprint)
                                 if tokenizer is not None and fingerprint is not None else None))
     except FtisError as err:
+        if snapshot.already_stored:  # hand back the acknowledgement a retry may have lost
+            err = ReplayedBundle(err.code, err.reason, ctx.state.get_bundle(opened.bundle_id))
         _reject(ctx, rejection_verdict(opened, snapshot, err, policy), now, err)
     verdict = acceptance_verdict(verified, snapshot, policy)
     try:
@@ -79,6 +81,18 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
         _reject(ctx, rejection_verdict(opened, snapshot, err, policy), now, err)
     assert committed.bundle is not None
     return committed.bundle
+
+
+class ReplayedBundle(FtisError):
+    """BUNDLE_REPLAYED for a payload that is already stored, with its stored record:
+    the reply carries the stored bundle's id and verified rewards, so a node whose first
+    reply was lost (it retried after a timeout) gets its acknowledgement. The rewards are
+    public anyway (they are relayed), so a third party replaying it learns nothing new,
+    and it is still charged to no one and stores nothing."""
+
+    def __init__(self, code: int, reason: str, stored: BundleRecord | None) -> None:
+        super().__init__(code, reason)
+        self.stored = stored
 
 
 def acceptance_verdict(verified: VerifiedBundle, snapshot: SubmissionSnapshot,

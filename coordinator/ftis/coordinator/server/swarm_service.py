@@ -130,6 +130,14 @@ class SwarmService(swarm_pb2_grpc.SwarmServicer):
         started = time.perf_counter()
         try:
             record = bundles.submit_bundle(self.ctx, request.envelope)
+        except bundles.ReplayedBundle as err:  # the stored acknowledgement, with the code
+            metrics.observe_verification(time.perf_counter() - started, accepted=False)
+            if err.stored is None:
+                raise
+            return swarm_pb2.SubmitBundleResponse(
+                error=err.to_proto(), bundle_id=err.stored.bundle_id,
+                verified_rewards=err.stored.verified_rewards,
+                reward_mismatches=err.stored.reward_mismatches)
         except BaseException:
             metrics.observe_verification(time.perf_counter() - started, accepted=False)
             raise

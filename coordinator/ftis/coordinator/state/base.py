@@ -438,6 +438,10 @@ class State(abc.ABC):
         among ``bundle_ids``."""
 
     @abc.abstractmethod
+    def get_bundle(self, bundle_id: str) -> BundleRecord | None:
+        """The stored bundle with this id, or ``None``."""
+
+    @abc.abstractmethod
     def reported_bundles(self, reporter_id: str, bundle_ids: list[str]) -> set[str]:
         """Those of ``bundle_ids`` that ``reporter_id``'s feedback has already counted."""
 

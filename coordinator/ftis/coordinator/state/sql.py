@@ -1245,6 +1245,16 @@ class SqlState(State):
             ).all()
             return {b: (n, bool(t), int(q)) for b, n, t, q in rows}
 
+    def get_bundle(self, bundle_id: str) -> BundleRecord | None:
+        if not _storable(bundle_id):
+            return None
+        query = (select(BundleRow, LeaseRow.dataset)
+                 .join(LeaseRow, LeaseRow.lease_id == BundleRow.lease_id)
+                 .where(BundleRow.bundle_id == bundle_id))
+        with self._read() as session:
+            found = session.execute(query).first()
+            return None if found is None else self._bundle_record(found[0], found[1])
+
     def reported_bundles(self, reporter_id: str, bundle_ids: list[str]) -> set[str]:
         wanted = sorted({b for b in bundle_ids if _storable(b)})
         if not wanted or not _storable(reporter_id):
