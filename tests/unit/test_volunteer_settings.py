@@ -271,7 +271,7 @@ def test_submit_waits_for_the_bucket():
 
     conn = SwarmConnection("127.0.0.1:1", NodeIdentity.generate(), bundle_pb2.ModelCard())
     conn.upload_limit = Recorder(1000)
-    conn._call = lambda fn, request, method=None: "sent"  # no network
+    conn._call = lambda fn, request, method=None, accept=None: "sent"  # no network
     env = bundle_pb2.SignedEnvelope(payload=b"x" * 300)
     assert conn.submit_envelope(env) == "sent"
     conn.close()

@@ -83,13 +83,19 @@ def read_attack_log(path: Path) -> list[dict]:
 
 def call_code(fn: Any, *args: Any, **kwargs: Any) -> tuple[int | str, str, Any]:
     """Run one RPC; ``(code, reason, result)`` where ``code`` is 0 on success, the
-    ``ErrorCode`` of an in-band rejection, or ``"grpc:STATUS"`` for a transport error."""
+    ``ErrorCode`` of an in-band rejection (also of a coded reply the connection returned
+    as an acknowledgement, e.g. BUNDLE_REPLAYED with the stored rewards), or
+    ``"grpc:STATUS"`` for a transport error."""
     try:
-        return 0, "", fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     except FtisError as exc:
         return exc.code, exc.reason, None
     except grpc.RpcError as exc:
         return f"grpc:{exc.code().name}", str(exc.details())[:200], None
+    error = getattr(result, "error", None)
+    if error is not None and error.code:  # a coded reply taken as success (a replayed
+        return int(error.code), error.reason, result  # payload's stored acknowledgement)
+    return 0, "", result
 
 
 def code_label(code: int | str) -> str:
@@ -130,6 +136,8 @@ class AttackNode(VolunteerNode):
         """Submit ``envelope`` and log the outcome."""
         quarantined = self.quarantined_now()
         code, reason, reply = call_code(self.conn.submit_envelope, envelope)
+        if code != 0:  # a replayed payload's acknowledgement is not an acceptance
+            reply = None
         self.log("submit", variant=variant, task_id=task_id, code=code,
                  code_name=code_label(code), reason=reason,
                  bundle_id=reply.bundle_id if reply is not None else "",
