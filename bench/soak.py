@@ -26,17 +26,19 @@ measured span, and calls the metric flat when
 * the last-quarter median exceeds the first by at most the same tolerance,
 
 with tolerances (:data:`TOLERANCES`) of 2 % of the reference median per hour for RSS,
-10 % for round time (CPU seconds per round over the past minute, ``round_cpu_s``, in
-the verdict; wall-clock ``round_seconds`` reported beside it, see :data:`VERDICT`) and 1
-descriptor per hour for open fds (a constant count is expected; any steady growth is
-a leak). Open fds are compared by their floor, the smallest count of the past minute
-(:data:`FD_FLOOR_S`): descriptors opened and closed within a round flicker in and out
-of the samples, a leaked one raises the floor. Only growth counts: a falling metric is
-flat. The last line is ``verdict: flat`` or ``verdict: GROWING (...)``; the exit status
-is 0 when flat, 1 when not, 2 when the client or coordinator died during the run.
+10 % for round time and 1 descriptor per hour for open fds (a constant count is
+expected; any steady growth is a leak). The verdict (:data:`VERDICT`) is over the RSS
+floor and the fd floor, the smallest value of the past minute (:data:`FLOOR_S`: what is
+taken and given back within a round flickers in and out of the samples, a leak raises
+the floor), and CPU seconds per round over the past minute (``round_cpu_s``); the RSS
+samples, the RSS peak of the past minute and wall-clock ``round_seconds`` are reported
+beside them. Only growth counts: a falling metric is flat. ``--analyze JSONL`` prints
+the summary of an earlier run. The last line is ``verdict: flat`` or ``verdict:
+GROWING (...)``; the exit status is 0 when flat, 1 when not, 2 when the client or
+coordinator died during the run.
 
 Usage: python bench/soak.py [--minutes 60] [--sample-s 5] [--warmup-min 2]
-       [--out runs/soak] [--json bench/results/soak-DATE.jsonl]
+       [--out runs/soak] [--json bench/results/soak-DATE.jsonl] [--analyze JSONL]
 """
 
 from __future__ import annotations
@@ -59,16 +61,22 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Largest growth still called flat: (per hour, relative to the reference median?) per
 #: metric. RSS 2 %/h and round time 10 %/h of the first quarter's median; fds 1/h.
 TOLERANCES: dict[str, tuple[float, bool]] = {
-    "rss_mib": (0.02, True),
+    "rss_floor_mib": (0.02, True),
     "fds": (1.0, False),
     "round_cpu_s": (0.10, True),
+    "rss_mib": (0.02, True),
+    "rss_peak_mib": (0.02, True),
     "round_seconds": (0.10, True),
 }
-#: Metrics the verdict is over. Wall-clock round time is reported with its trend but
-#: left out: on a shared machine it follows the other processes' load (a 10-minute
-#: run here went from 1.08 to 1.44 s per round in generation and learner compute alone
-#: while the load average went from 5 to 8); CPU seconds per round do not.
-VERDICT = ("rss_mib", "fds", "round_cpu_s")
+#: Metrics the verdict is over; the others are reported beside them. RSS is bimodal
+#: (about 640 MiB between rounds, up to 760 inside a learner step) and a sample lands
+#: in either, so its median jumps between the two modes (+-10 MiB from one 3-minute
+#: block to the next in the hour-long run); the floor, the smallest RSS of the past
+#: minute, is what a leak raises. Wall-clock round time follows the other processes'
+#: load on a shared machine (a 10-minute run here went from 1.08 to 1.44 s per round in
+#: generation and learner compute alone while the load average went from 5 to 8); CPU
+#: seconds per round do not.
+VERDICT = ("rss_floor_mib", "fds", "round_cpu_s")
 #: Seconds over which CPU seconds per round are averaged (rounds take about 1 s).
 CPU_WINDOW_S = 60.0
 
@@ -90,10 +98,10 @@ COORDINATOR_CONFIG = {
 }
 
 
-#: Seconds over which the open-fd count's floor is taken: descriptors opened and closed
-#: within a round (a checkpoint file, a metrics append) flicker in and out of samples;
-#: a leaked one raises the floor.
-FD_FLOOR_S = 60.0
+#: Seconds over which floors (and peaks) of RSS and open fds are taken: descriptors and
+#: memory taken and given back within a round (a checkpoint file, a learner step)
+#: flicker in and out of samples; a leaked one raises the floor.
+FLOOR_S = 60.0
 
 # ------------------------------------------------------------------ analysis (pure)
 
@@ -120,7 +128,7 @@ class Trend:
     """One metric over the measured span.
 
     Attributes:
-        metric: its name (``rss_mib``, ``fds``, ``round_seconds``).
+        metric: its name (a key of :data:`TOLERANCES`).
         n: points measured (after warm-up).
         first, last: medians of the first and the last quarter of the span.
         slope_per_h: least-squares slope over the span, units per hour.
@@ -162,16 +170,16 @@ def trend(metric: str, points: list[tuple[float, float]], start_s: float, end_s:
                  flat=slope <= tolerance and last - first <= tolerance)
 
 
-def floor(points: list[tuple[float, float]], window_s: float = FD_FLOOR_S
-          ) -> list[tuple[float, float]]:
-    """Each point's value replaced by the smallest value of the ``window_s`` seconds up to
-    it (points sorted by time)."""
+def floor(points: list[tuple[float, float]], window_s: float = FLOOR_S, fn=min
+          ) -> list[tuple[float, float]]:  # noqa: ANN001 - min or max
+    """Each point's value replaced by the smallest (``fn=max``: largest) value of the
+    ``window_s`` seconds up to it (points sorted by time)."""
     out = []
     for i, (t, _) in enumerate(points):
         j = i
         while j > 0 and points[j - 1][0] >= t - window_s:
             j -= 1
-        out.append((t, min(v for _, v in points[j:i + 1])))
+        out.append((t, fn(v for _, v in points[j:i + 1])))
     return out
 
 
@@ -191,26 +199,30 @@ def cpu_per_round(samples: list[dict], window_s: float = CPU_WINDOW_S
 
 
 def summarize(records: list[dict], warmup_s: float) -> list[Trend]:
-    """Trends of RSS, the fd floor (:func:`floor`), CPU seconds per round
-    (:func:`cpu_per_round`; ``sample`` records) and wall-clock round time (``round``
-    records) from ``warmup_s`` seconds to the last record's time ``t``."""
+    """Trends from ``warmup_s`` seconds to the last record's time ``t``: the verdict's
+    (:data:`VERDICT`: RSS floor and fd floor, :func:`floor`; CPU seconds per round,
+    :func:`cpu_per_round`), then RSS samples, RSS peak and wall-clock round time."""
     samples = sorted((r for r in records if r.get("kind") == "sample"), key=lambda r: r["t"])
     rounds = [r for r in records if r.get("kind") == "round"]
     end = max(r["t"] for r in samples + rounds)
-    trends = [trend("rss_mib", [(r["t"], r["rss_mib"]) for r in samples], warmup_s, end),
-              # the floor from measured samples only (not the start-up's few fds)
-              trend("fds", floor([(r["t"], r["fds"]) for r in samples if r["t"] >= warmup_s]),
-                    warmup_s, end)]
+    # floors and peaks from measured samples only (not the start-up's)
+    measured = [r for r in samples if r["t"] >= warmup_s]
+    rss = [(r["t"], r["rss_mib"]) for r in measured]
+    trends = [trend("rss_floor_mib", floor(rss), warmup_s, end),
+              trend("fds", floor([(r["t"], r["fds"]) for r in measured]), warmup_s, end)]
     if samples and "cpu_s" in samples[0]:
         trends.append(trend("round_cpu_s", cpu_per_round(samples), warmup_s, end))
-    trends.append(trend("round_seconds", [(r["t"], r["round_seconds"]) for r in rounds],
-                        warmup_s, end))
+    trends += [trend("rss_mib", rss, warmup_s, end),
+               trend("rss_peak_mib", floor(rss, fn=max), warmup_s, end),
+               trend("round_seconds", [(r["t"], r["round_seconds"]) for r in rounds],
+                     warmup_s, end)]
     return trends
 
 
 def report_lines(trends: list[Trend]) -> list[str]:
     """The summary table and the verdict line (the last)."""
-    units = {"rss_mib": "MiB", "fds": "fds", "round_cpu_s": "s", "round_seconds": "s"}
+    units = {"rss_floor_mib": "MiB", "rss_mib": "MiB", "rss_peak_mib": "MiB", "fds": "fds",
+             "round_cpu_s": "s", "round_seconds": "s"}
     lines = [f"{'metric':<14} {'n':>6} {'first quarter':>14} {'last quarter':>13} "
              f"{'slope/h':>10} {'tolerance/h':>12}  flat"]
     for tr in trends:
@@ -218,7 +230,7 @@ def report_lines(trends: list[Trend]) -> list[str]:
         lines.append(f"{tr.metric:<14} {tr.n:>6} {tr.first:>10.3f} {u:<3} {tr.last:>9.3f} "
                      f"{u:<3} {tr.slope_per_h:>+10.3f} {tr.tolerance:>12.3f}  "
                      f"{'yes' if tr.flat else 'NO'}"
-                     f"{'' if tr.metric in VERDICT else ' (wall clock; not in the verdict)'}")
+                     f"{'' if tr.metric in VERDICT else ' (not in the verdict)'}")
     growing = [tr.metric for tr in trends if not tr.flat and tr.metric in VERDICT]
     lines.append("verdict: flat" if not growing else f"verdict: GROWING ({', '.join(growing)})")
     return lines
@@ -256,7 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "soak")
     ap.add_argument("--json", type=Path, default=None,
                     help="JSONL output (default bench/results/soak-DATE[-short].jsonl)")
+    ap.add_argument("--analyze", type=Path, default=None, metavar="JSONL",
+                    help="only print the summary of an earlier run's JSONL (its warm-up)")
     args = ap.parse_args(argv)
+    if args.analyze:
+        records = [json.loads(line) for line in args.analyze.read_text().splitlines()]
+        lines = report_lines(summarize(records, records[0]["warmup_min"] * 60))
+        print("\n".join(lines))
+        return 0 if lines[-1] == "verdict: flat" else 1
 
     import psutil
 

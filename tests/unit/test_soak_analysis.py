@@ -53,10 +53,12 @@ def test_flat_series_with_noise_is_flat():
     recs = _records(lambda t: 500 + noise[int(t) // 10 % 5],
                     lambda t: 8 + (t // 10 % 2), lambda t: 1.0 + noise[int(t) // 10 % 5] / 30)
     trends = soak.summarize(recs, warmup_s=120)
-    assert [tr.metric for tr in trends] == ["rss_mib", "fds", "round_cpu_s", "round_seconds"]
-    assert [tr.flat for tr in trends] == [True, True, True, True]
-    rss = trends[0]
-    assert rss.metric == "rss_mib" and rss.first == 500 and rss.tolerance == 10.0
+    assert [tr.metric for tr in trends] == ["rss_floor_mib", "fds", "round_cpu_s", "rss_mib",
+                                            "rss_peak_mib", "round_seconds"]
+    assert all(tr.flat for tr in trends)
+    floor_, rss = trends[0], trends[3]
+    assert floor_.first == floor_.last == 498  # the noise's low point
+    assert rss.first == 500 and rss.tolerance == 10.0
     assert rss.n == len([r for r in recs if r["kind"] == "sample" and r["t"] >= 120])
     assert soak.report_lines(trends)[-1] == "verdict: flat"
 
@@ -65,15 +67,17 @@ def test_a_leak_a_descriptor_leak_and_a_slowdown_are_caught():
     # 20 MiB/h on 500 MiB (tolerance 2 %/h = 10), one fd per 20 min, rounds +15 %/h
     recs = _records(lambda t: 500 + 20 * t / 3600, lambda t: 8 + t // 1200,
                     lambda t: 1.0 + 0.15 * t / 3600)
-    rss, fds, cpu, rounds = soak.summarize(recs, warmup_s=120)
+    floor_, fds, cpu, rss, peak, rounds = soak.summarize(recs, warmup_s=120)
+    assert floor_.slope_per_h == pytest.approx(20.0, rel=0.01) and not floor_.flat
+    assert peak.slope_per_h == pytest.approx(20.0, rel=0.01) and not peak.flat
     assert rss.slope_per_h == pytest.approx(20.0) and not rss.flat
     assert rss.last - rss.first == pytest.approx(20 * 0.75 * (3600 - 120) / 3600, abs=0.3)
     assert fds.first == 8 and fds.last == 10 and not fds.flat
     assert rounds.slope_per_h == pytest.approx(0.15) and not rounds.flat
     # CPU per round is averaged over the past minute: a slope of 0.15 s/h, less the lag
     assert cpu.slope_per_h == pytest.approx(0.15, rel=0.01) and not cpu.flat
-    assert soak.report_lines([rss, fds, cpu, rounds])[-1] == \
-        "verdict: GROWING (rss_mib, fds, round_cpu_s)"
+    assert soak.report_lines([floor_, fds, cpu, rss, peak, rounds])[-1] == \
+        "verdict: GROWING (rss_floor_mib, fds, round_cpu_s)"
 
 
 def test_wall_clock_slowdown_alone_is_reported_but_not_in_the_verdict():
@@ -81,7 +85,7 @@ def test_wall_clock_slowdown_alone_is_reported_but_not_in_the_verdict():
     recs = _records(lambda t: 500, lambda t: 8, lambda t: 1.0 + 0.5 * t / 3600,
                     cpu=lambda t: 1.0)
     trends = soak.summarize(recs, warmup_s=120)
-    assert [tr.flat for tr in trends] == [True, True, True, False]
+    assert [tr.flat for tr in trends] == [True, True, True, True, True, False]
     lines = soak.report_lines(trends)
     assert lines[-1] == "verdict: flat" and "not in the verdict" in lines[-2]
     cpu = trends[2]
@@ -94,7 +98,24 @@ def test_falling_is_flat_and_a_step_at_the_end_is_not():
     # flat for 50 minutes, then 40 MiB more: the slope is small, the medians are not
     step = _records(lambda t: 500 + (40 if t > 3000 else 0), lambda t: 8, lambda t: 1.0)
     rss = soak.summarize(step, warmup_s=120)[0]
+    assert rss.metric == "rss_floor_mib"
     assert rss.last - rss.first == 40 and not rss.flat
+
+
+def test_bimodal_rss_is_judged_by_its_floor():
+    # between rounds 640 MiB, inside a learner step 740; the share of samples that land
+    # in a step drifts from 40 % to 60 %: the median jumps a mode, the floor stays
+    def rss(t: float) -> float:
+        share = 0.4 + 0.2 * t / 3600
+        return 740.0 if (t / 10 * 0.618) % 1 < share else 640.0
+
+    trends = {tr.metric: tr for tr in soak.summarize(
+        _records(rss, lambda t: 8, lambda t: 1.0), warmup_s=120)}
+    assert trends["rss_floor_mib"].first == trends["rss_floor_mib"].last == 640.0
+    assert trends["rss_floor_mib"].flat and trends["rss_peak_mib"].last == 740.0
+    assert trends["rss_mib"].last - trends["rss_mib"].first == 100.0
+    assert not trends["rss_mib"].flat
+    assert soak.report_lines(list(trends.values()))[-1] == "verdict: flat"
 
 
 def test_a_run_too_short_for_its_quarters_is_an_error():
