@@ -181,3 +181,27 @@ def test_retries_caps_the_attempts():
                              retries=3)
     assert legacy.retry.max_attempts == 3 and legacy.retry.max_outage_s == 1800.0
     legacy.close()
+
+
+# --- a refused report does not stop the node ---------------------------------------------
+
+
+def test_a_rate_limited_report_is_skipped_and_other_rejections_raise() -> None:
+    from ftis.client.node.runner import report_metrics
+    from ftis.protocol.errors import ErrorCode, FtisError
+
+    class Conn:
+        def __init__(self, code: int | None) -> None:
+            self.code, self.sent = code, []
+
+        def report_metrics(self, step: int, stats: dict, feedback: list) -> None:
+            if self.code is not None:
+                raise FtisError(self.code, "no")
+            self.sent.append(step)
+
+    ok = Conn(None)
+    assert report_metrics(ok, 3, {"loss": 1.0}, []) is True and ok.sent == [3]
+    assert report_metrics(Conn(ErrorCode.RATE_LIMITED), 4, {}, []) is False
+    with pytest.raises(FtisError) as info:
+        report_metrics(Conn(ErrorCode.FEEDBACK_INVALID), 5, {}, [])
+    assert info.value.code == ErrorCode.FEEDBACK_INVALID

@@ -24,7 +24,7 @@ from ftis.client.rollout.sampler import SampledCompletion, SamplingSettings, sam
 from ftis.client.swarm.connection import SwarmConnection
 from ftis.client.swarm.cross_tokenizer import retokenizer_for
 from ftis.client.swarm.external_pool import ExternalPool
-from ftis.protocol.errors import FtisError
+from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,25 @@ def sender_feedback(stats: dict[str, SenderStats], external: list[RolloutGroup],
 class RoundResult:
     round: int
     metrics: dict[str, float]
+
+
+def report_metrics(conn: SwarmConnection, step: int, stats: dict[str, float],
+                   feedback: list[swarm_pb2.SenderFeedback]) -> bool:
+    """Send one round's metrics and feedback; ``False`` (logged, the node goes on) when
+    the coordinator's ReportMetrics quota refused them, since a lost report must not stop
+    a volunteer's node.
+
+    Raises:
+        FtisError: any other coded rejection.
+    """
+    try:
+        conn.report_metrics(step, stats, feedback)
+    except FtisError as exc:
+        if exc.code != ErrorCode.RATE_LIMITED:
+            raise
+        log.warning("metrics of round %d not reported: %s", step, exc)
+        return False
+    return True
 
 
 class VolunteerNode:
@@ -279,7 +298,8 @@ class VolunteerNode:
         stats["updates"] = float(self.learner.updates)
         if self.startup_seconds is not None:  # first round of this process only
             stats["startup_seconds"], self.startup_seconds = self.startup_seconds, None
-        self.conn.report_metrics(self.round, stats, self.feedback(external))
+        if not report_metrics(self.conn, self.round, stats, self.feedback(external)):
+            stats["report_rate_limited"] = 1.0
         record = {"round": self.round, "node_id": self.conn.node_id, "model": cfg.model,
                   "peft": cfg.peft, "method": cfg.method, "time": time.time(), **stats,
                   "external_senders": [g.sender for g in external]}
