@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from ftis.coordinator import reputation
 from ftis.coordinator.handlers.context import Context
-from ftis.coordinator.state.base import BundleRecord, SubmissionSnapshot, Verdict
+from ftis.coordinator.state.base import BundleRecord, NodeRecord, SubmissionSnapshot, Verdict
 from ftis.coordinator.verify import (
     BundleQuota,
     OpenedBundle,
@@ -80,7 +80,20 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
     except FtisError as err:  # lost a race for the lease: nothing was written
         _reject(ctx, rejection_verdict(opened, snapshot, err, policy), now, err)
     assert committed.bundle is not None
+    _refresh_cached(ctx, committed.node, now)
     return committed.bundle
+
+
+def _refresh_cached(ctx: Context, node: NodeRecord | None, now: int) -> None:
+    """Cache the record a commit returned, so that the node's next authenticated call in
+    this process sees its new standing and quarantine flag at once (not up to
+    ``NODE_CACHE_S`` later) without another read; a banned node's entry is dropped."""
+    if node is None:
+        return
+    if node.banned:
+        ctx.nodes.drop(node.node_id)
+    else:
+        ctx.nodes.put(node.node_id, node, now)
 
 
 class ReplayedBundle(FtisError):
@@ -135,8 +148,9 @@ def _reject(ctx: Context, verdict: Verdict, now: int, err: FtisError) -> NoRetur
         log.warning("auto-banning node %s: %s", verdict.node_id, verdict.ban_reason)
         ctx.nodes.drop(verdict.node_id or "")
     try:
-        ctx.state.commit_submission(
+        committed = ctx.state.commit_submission(
             verdict, now, reputation.standing_update(list(verdict.evidence), now, ctx.policy))
+        _refresh_cached(ctx, committed.node, now)
     except Exception:
         log.exception("recording the verdict for %s failed", verdict.node_id)
     raise err

@@ -98,8 +98,9 @@ NODE_CACHE_S = 1.0
 
 class NodeCache:
     """Node records read by authentication, reused for :data:`NODE_CACHE_S`, so that a
-    volunteer's lease, pull and heartbeat calls do not each read its row. Bans and
-    re-registrations made by this process drop the entry at once; another worker
+    volunteer's lease, pull and heartbeat calls do not each read its row. Bans,
+    re-registrations and standing changes (evidence) made by this process drop the entry
+    at once; another worker
     process's ban takes effect here within :data:`NODE_CACHE_S` (the submit path never
     uses the cache: its snapshot reads the node afresh)."""
 

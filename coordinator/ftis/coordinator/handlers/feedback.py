@@ -194,10 +194,11 @@ def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEn
                                            now, policy, factor=factor)
     counted_ids = [b for ids in counted for b in ids]
     if events or counted_ids:
-        state.apply_evidence_many(events, now,
-                                  lambda evs: reputation.standing_update(evs, now, policy),
-                                  counted=(reporter.node_id, counted_ids) if counted_ids
-                                  else None)
+        changed = state.apply_evidence_many(
+            events, now, lambda evs: reputation.standing_update(evs, now, policy),
+            counted=(reporter.node_id, counted_ids) if counted_ids else None)
+        for node_id, record in changed.items():  # fresher than any cached copy
+            ctx.nodes.put(node_id, record, now)
     return dropped
 
 
