@@ -122,14 +122,12 @@ class RescoringPool:
         Raises:
             FtisError: SCORING_TIMEOUT when the re-score ran past ``budget_s``.
         """
-        from ftis.coordinator.verify import rescore
+        from ftis.coordinator.verify import claims, rescore
 
         if self.workers == 0:
             return rescore(lease, bundle)
         texts = [c.text for c in bundle.completions]
-        claimed = [c.claimed_reward if c.HasField("claimed_reward") else None
-                   for c in bundle.completions]
-        args = (lease.entry.to_json(), texts, claimed, self.budget_s)
+        args = (lease.entry.to_json(), texts, claims(bundle), self.budget_s)
         for attempt in (1, 2):
             pool = self._executor()
             try:

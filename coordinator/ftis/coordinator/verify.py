@@ -281,9 +281,13 @@ def rescore(lease: LeaseRecord, bundle: bundle_pb2.Bundle) -> tuple[list[float],
         and how many claimed rewards differ from it by more than 1e-6 (completions
         with no claim are not counted).
     """
-    claimed = [c.claimed_reward if c.HasField("claimed_reward") else None
-               for c in bundle.completions]
-    return rescore_texts(lease.entry, [c.text for c in bundle.completions], claimed)
+    return rescore_texts(lease.entry, [c.text for c in bundle.completions], claims(bundle))
+
+
+def claims(bundle: bundle_pb2.Bundle) -> list[float | None]:
+    """Each completion's claimed reward, ``None`` where it makes no claim."""
+    return [c.claimed_reward if c.HasField("claimed_reward") else None
+            for c in bundle.completions]
 
 
 def rescore_texts(entry: TaskEntry, texts: list[str],

@@ -83,9 +83,9 @@ def read_attack_log(path: Path) -> list[dict]:
 
 def call_code(fn: Any, *args: Any, **kwargs: Any) -> tuple[int | str, str, Any]:
     """Run one RPC; ``(code, reason, result)`` where ``code`` is 0 on success, the
-    ``ErrorCode`` of an in-band rejection (also of a coded reply the connection returned
-    as an acknowledgement, e.g. BUNDLE_REPLAYED with the stored rewards), or
-    ``"grpc:STATUS"`` for a transport error."""
+    ``ErrorCode`` of an in-band rejection, or ``"grpc:STATUS"`` for a transport error;
+    ``result`` is ``None`` unless ``code`` is 0 (a coded reply the connection returned as
+    an acknowledgement, BUNDLE_REPLAYED with the stored rewards, is no acceptance)."""
     try:
         result = fn(*args, **kwargs)
     except FtisError as exc:
@@ -94,7 +94,7 @@ def call_code(fn: Any, *args: Any, **kwargs: Any) -> tuple[int | str, str, Any]:
         return f"grpc:{exc.code().name}", str(exc.details())[:200], None
     error = getattr(result, "error", None)
     if error is not None and error.code:  # a coded reply taken as success (a replayed
-        return int(error.code), error.reason, result  # payload's stored acknowledgement)
+        return int(error.code), error.reason, None  # payload's stored acknowledgement)
     return 0, "", result
 
 
@@ -136,8 +136,6 @@ class AttackNode(VolunteerNode):
         """Submit ``envelope`` and log the outcome."""
         quarantined = self.quarantined_now()
         code, reason, reply = call_code(self.conn.submit_envelope, envelope)
-        if code != 0:  # a replayed payload's acknowledgement is not an acceptance
-            reply = None
         self.log("submit", variant=variant, task_id=task_id, code=code,
                  code_name=code_label(code), reason=reason,
                  bundle_id=reply.bundle_id if reply is not None else "",
