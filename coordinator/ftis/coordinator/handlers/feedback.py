@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ftis.coordinator import reputation
 from ftis.coordinator.handlers.context import Context
@@ -182,14 +182,17 @@ def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEn
     window_start = now - int(policy.half_life_s * 1000)
     views = []
     for f, counted_ids in zip(entries, counted, strict=True):
-        used_pos, used_neg = state.feedback_used(reporter.node_id, f.sender_id, window_start)
         sender = records[f.sender_id]
-        views.append(SenderView(
-            text_verified=_text_was_verified(ctx, f, owners),
-            used_positive=used_pos, used_negative=used_neg,
-            negative_reporters=frozenset(state.negative_reporters(f.sender_id, window_start)),
-            counted_bundles=len(counted_ids),
-            sender_quarantined=sender is not None and sender.quarantined))
+        view = SenderView(text_verified=_text_was_verified(ctx, f, owners),
+                          counted_bundles=len(counted_ids),
+                          sender_quarantined=sender is not None and sender.quarantined)
+        if factor > 0:  # a weightless reporter's caps are moot: skip their reads
+            used_pos, used_neg = state.feedback_used(reporter.node_id, f.sender_id,
+                                                     window_start)
+            view = replace(view, used_positive=used_pos, used_negative=used_neg,
+                           negative_reporters=frozenset(
+                               state.negative_reporters(f.sender_id, window_start)))
+        views.append(view)
     events += reputation.feedback_evidence(reporter.node_id, reporter.standing, entries, views,
                                            now, policy, factor=factor)
     counted_ids = [b for ids in counted for b in ids]
