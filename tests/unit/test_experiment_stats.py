@@ -13,6 +13,7 @@ from ftis.client.experiment.stats import (
     paired_comparison,
     paired_permutation_test,
     pairs_for_power,
+    sign_flip_floor,
 )
 
 
@@ -129,6 +130,10 @@ def test_pairs_for_power_hand_values():
     assert pairs_for_power(0.01, 0.1) == 6
     # Holm over 21 contrasts: z_{1 - 0.05/42} = 3.0381; (3.0381 + 0.8416)^2 = 15.05 -> 16 + 1
     assert pairs_for_power(0.1, 0.1, alpha=0.05 / 21) == 17
+    # ... and a small sd never below the exact test's floor at that level: 2 / 2^10 =
+    # 0.00195 <= 0.05 / 21 = 0.00238 < 2 / 2^9
+    assert pairs_for_power(0.01, 0.1, alpha=0.05 / 21) == 10
+    assert [sign_flip_floor(a) for a in (0.05, 0.05 / 3, 0.05 / 7, 0.5)] == [6, 7, 9, 2]
     with pytest.raises(ValueError):
         pairs_for_power(0.0, 0.1)
     with pytest.raises(ValueError):

@@ -251,8 +251,10 @@ def pairs_for_power(sd_diff: float, effect: float, alpha: float = 0.05,
     """Pairs needed to detect a mean paired difference ``effect`` (two-sided test).
 
     Normal approximation ``n = ((z_{1-alpha/2} + z_{power}) * sd_diff / effect)^2``,
-    rounded up, plus one pair for estimating the sd, and never below 6 (the fewest
-    pairs with which the exact sign-flip test can reach p < 0.05).
+    rounded up, plus one pair for estimating the sd, and never below the fewest pairs
+    with which the exact two-sided sign-flip test can reach ``alpha`` at all: its
+    smallest p is ``2 / 2^n``, so ``n >= 1 + log2(1 / alpha)`` (6 at 0.05, 7 at 0.05/3,
+    9 at 0.05/7, 10 at 0.05/21).
 
     Args:
         sd_diff: standard deviation of the paired differences (> 0).
@@ -269,4 +271,10 @@ def pairs_for_power(sd_diff: float, effect: float, alpha: float = 0.05,
         raise ValueError("alpha and power must be in (0, 1)")
     z = statistics.NormalDist()
     n = ((z.inv_cdf(1 - alpha / 2) + z.inv_cdf(power)) * sd_diff / effect) ** 2
-    return max(6, math.ceil(n) + 1)
+    return max(sign_flip_floor(alpha), math.ceil(n) + 1)
+
+
+def sign_flip_floor(alpha: float) -> int:
+    """The fewest pairs for which the exact two-sided sign-flip test has a p-value
+    ``2 / 2^n <= alpha`` (``alpha`` in (0, 1))."""
+    return max(1, math.ceil(1 + math.log2(1 / alpha) - 1e-12))
