@@ -379,6 +379,18 @@ def test_serve_exit_codes(tmp_path: Path, args: list[str], code: int) -> None:
     assert result.returncode == code, result.stderr
 
 
+def test_serve_exits_23_when_a_spot_check_model_does_not_load(tmp_path: Path) -> None:
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"spot_checks": {"models": [str(tmp_path / "no-model")]}}))
+    result = subprocess.run(
+        [sys.executable, "-m", "ftis.coordinator.cli.main", "serve", "--config", str(config),
+         "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+         "--db", str(tmp_path / "c.db")],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == ExitCode.COORDINATOR_SPOT_CHECK_MODELS, result.stderr
+    assert "no-model" in result.stderr
+
+
 def test_answer_helper_matches_the_dataset() -> None:
     source = TaskSource(DEFAULT_TASKS, seed=0)
     for _ in range(20):

@@ -74,7 +74,8 @@ def test_the_worker_alarm_interrupts_a_score() -> None:
 def test_a_broken_pool_is_replaced(pool: RescoringPool) -> None:
     bundle = _bundle(["<answer>3</answer>"], [None])
     assert pool.rescore(_lease(), bundle) == ([1.0], 0)
-    for pid in list(pool._pool._processes):  # noqa: SLF001 - kill the worker
+    assert pool._pool is not None  # noqa: SLF001
+    for pid in pool._pool.worker_pids():  # kill the worker
         os.kill(pid, signal.SIGKILL)
     assert pool.rescore(_lease(), bundle) == ([1.0], 0)
 

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ftis.coordinator.reputation import ReputationConfig
+from ftis.coordinator.spot_check import SpotCheckSettings
 from ftis.protocol.bundles import MAX_BUNDLE_BYTES
 from ftis.tasks.source import DEFAULT_TASKS, TaskSpec
 
@@ -102,6 +103,9 @@ class CoordinatorConfig(BaseSettings):
             UploadTokenizer ``max_tokenizer_gz_bytes`` + 64 KiB.
         max_receive_message_bytes: gRPC transport limit (RESOURCE_EXHAUSTED status
             above it); 0 = the largest per-method limit (see :attr:`grpc_max_receive_bytes`).
+        spot_checks: log-prob spot checks against model weights the coordinator holds
+            (:class:`~ftis.coordinator.spot_check.SpotCheckSettings`; off while it names
+            no model).
         reputation: the reputation policy (:class:`ReputationConfig`); once changed
             through the admin API the stored value in the ``settings`` table wins.
     """
@@ -137,6 +141,7 @@ class CoordinatorConfig(BaseSettings):
     registrations_per_host_per_minute: float = Field(default=10, gt=0)
     max_request_bytes: int = Field(default=1 * MIB, ge=1024)
     max_receive_message_bytes: int = Field(default=0, ge=0)
+    spot_checks: SpotCheckSettings = Field(default_factory=SpotCheckSettings)
     reputation: ReputationConfig = Field(default_factory=ReputationConfig)
 
     @field_validator("listen", "admin_listen")

@@ -53,6 +53,11 @@ WEIGHT_RATE_LIMITED = -0.5
 TEXT_MISMATCH = "text_mismatch"
 PROMPT_MISMATCH = "prompt_mismatch"
 WEIGHT_PROOF = -4.0
+#: Rejection LOGPROB_SPOT_CHECK_FAILED: the claimed log-probs are not the held weights'
+#: (spot_check.py). As heavy as a proof (one failure quarantines a node on probation),
+#: but statistical, so the envelope is not kept and there is no ban.
+LOGPROB_SPOT_CHECK = "logprob_spot_check"
+WEIGHT_LOGPROB_SPOT_CHECK = -4.0
 #: Receiver feedback about a sender (weight = +/- feedback_weight x reporter score).
 FEEDBACK = "feedback"
 #: Feedback that names unknown senders or bundles, the reporter itself, or holds
@@ -275,6 +280,7 @@ def rejection_evidence(code_name: str) -> Evidence:
         "RATE_LIMITED": (RATE_LIMITED, WEIGHT_RATE_LIMITED),
         "TEXT_MISMATCH": (TEXT_MISMATCH, WEIGHT_PROOF),
         "PROMPT_MISMATCH": (PROMPT_MISMATCH, WEIGHT_PROOF),
+        "LOGPROB_SPOT_CHECK_FAILED": (LOGPROB_SPOT_CHECK, WEIGHT_LOGPROB_SPOT_CHECK),
     }
     kind, weight = kinds.get(code_name, (REJECTED, WEIGHT_REJECTED))
     return Evidence(kind=kind, weight=weight, detail=code_name)

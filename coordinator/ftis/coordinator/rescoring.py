@@ -22,14 +22,11 @@ still bounded by nothing but the linear-time scorer. The maths is unchanged: the
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import signal
-import threading
-from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures.process import BrokenProcessPool
 
 from ftis.coordinator.state.base import LeaseRecord
+from ftis.coordinator.worker_pool import PoolFailed, WorkerPool
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.tasks.source import TaskEntry
 from ftis.v1 import bundle_pb2
@@ -90,64 +87,42 @@ class RescoringPool:
             raise ValueError("workers must be >= 0 and budget_s > 0")
         self.workers = workers
         self.budget_s = budget_s
-        self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = None
-
-    def _executor(self) -> ProcessPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(
-                    self.workers, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_init_worker)
-            return self._pool
-
-    def _replace(self, broken: ProcessPoolExecutor) -> None:
-        with self._lock:
-            if self._pool is broken:
-                self._pool = None
-        broken.shutdown(wait=False, cancel_futures=True)
+        self._pool = WorkerPool(workers, initializer=_init_worker) if workers else None
 
     def start(self) -> None:
         """Start the worker processes now (each imports the scorer, about a second)
         rather than on the first bundle; returns at once."""
-        if self.workers > 0:
-            pool = self._executor()
+        if self._pool is not None:
             for _ in range(self.workers):
-                pool.submit(_warm)
+                self._pool.submit(_warm)
 
     def rescore(self, lease: LeaseRecord,
                 bundle: bundle_pb2.Bundle) -> tuple[list[float], int]:
         """``(verified_rewards, reward_mismatches)`` as ``verify.rescore`` computes them.
 
         Raises:
-            FtisError: SCORING_TIMEOUT when the re-score ran past ``budget_s``.
+            FtisError: SCORING_TIMEOUT when the re-score ran past ``budget_s``;
+                INTERNAL when the pool broke twice.
         """
         from ftis.coordinator.verify import claims, rescore
 
-        if self.workers == 0:
+        if self._pool is None:
             return rescore(lease, bundle)
         texts = [c.text for c in bundle.completions]
-        args = (lease.entry.to_json(), texts, claims(bundle), self.budget_s)
-        for attempt in (1, 2):
-            pool = self._executor()
-            try:
-                future: Future = pool.submit(score_texts, *args)
-                result = future.result(timeout=self.budget_s + GRACE_S)
-            except BrokenProcessPool:
-                log.warning("re-scoring pool broken; replacing it (attempt %d)", attempt)
-                self._replace(pool)
-                continue
-            except FutureTimeout:
-                result = None
-            if result is None:
-                raise FtisError(ErrorCode.SCORING_TIMEOUT,
-                                f"re-scoring took longer than {self.budget_s:g} s")
-            return result
-        raise FtisError(ErrorCode.INTERNAL, "re-scoring pool failed twice")
+        try:
+            result = self._pool.call(score_texts, lease.entry.to_json(), texts,
+                                     claims(bundle), self.budget_s,
+                                     timeout=self.budget_s + GRACE_S)
+        except FutureTimeout:
+            result = None
+        except PoolFailed as err:
+            raise FtisError(ErrorCode.INTERNAL, "re-scoring pool failed twice") from err
+        if result is None:
+            raise FtisError(ErrorCode.SCORING_TIMEOUT,
+                            f"re-scoring took longer than {self.budget_s:g} s")
+        return result
 
     def close(self) -> None:
         """Stop the worker processes (idempotent)."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.close()

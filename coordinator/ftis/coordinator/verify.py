@@ -35,6 +35,11 @@ Bundle checks run in exactly this order, cheapest first; the first failure raise
    by more than :data:`REWARD_TOLERANCE` are *counted*, not rejected. The serving
    coordinator runs this step in a worker process within a time budget
    (``rescoring.RescoringPool``) ..................................... SCORING_TIMEOUT.
+9. where the coordinator holds the weights of the sender's model card and the bundle is
+   drawn (every bundle of a node on probation by default), the claimed log-probs are
+   recomputed and compared (:mod:`ftis.coordinator.spot_check`, in worker processes)
+   ...................................... LOGPROB_SPOT_CHECK_FAILED; a drawn check that
+   cannot run now ...................... VERIFICATION_BUSY (never charged).
 
 Text checks are done only with the sender's own tokenizer (issue 13, class 2). Invariant:
 :func:`check_text` (whose TEXT_MISMATCH is a ban-grade proof, ``reputation.PROOF_CODES``)
@@ -369,6 +374,7 @@ def check_submission(
     tokenizer_id_bound: int | None = None,
     tokenizer_fingerprint: str | None = None,
     score: Callable[[LeaseRecord, bundle_pb2.Bundle], tuple[list[float], int]] = rescore,
+    spot_check: Callable[[NodeRecord, bundle_pb2.Bundle, str], object] | None = None,
 ) -> VerifiedBundle:
     """Checks 3-8 of the module docstring on an opened envelope, against one read
     ``snapshot`` of the state. Pure: reads and writes nothing else.
@@ -386,6 +392,9 @@ def check_submission(
         score: check 8, ``(lease, bundle) -> (verified_rewards, reward_mismatches)``:
             :func:`rescore` here, or ``RescoringPool.rescore`` (the same function in a
             worker process with a time budget, SCORING_TIMEOUT past it).
+        spot_check: check 9, ``(node, bundle, bundle_id) -> anything``, raising
+            LOGPROB_SPOT_CHECK_FAILED or VERIFICATION_BUSY (the bundles handler's
+            closure over ``SpotChecker.check``); ``None``: no spot checks.
 
     Raises:
         FtisError: the first failing check's code (see module docstring); for an
@@ -444,6 +453,8 @@ def check_submission(
             "no tokenizer uploaded for this fingerprint; call UploadTokenizer",
         )
     rewards, mismatches = score(lease, bundle)
+    if spot_check is not None:
+        spot_check(node, bundle, opened.bundle_id)
     return VerifiedBundle(
         bundle=bundle,
         node=node,

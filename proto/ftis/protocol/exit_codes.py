@@ -40,6 +40,7 @@ class ExitCode:
     COORDINATOR_BIND = 20
     COORDINATOR_DATABASE = 21
     COORDINATOR_WORKER = 22
+    COORDINATOR_SPOT_CHECK_MODELS = 23
 
     # ftis-client (50-79)
     CLIENT_COORDINATOR_UNREACHABLE = 50
@@ -89,11 +90,16 @@ EXIT_CODE_HELP: dict[int, str] = {
     ExitCode.COORDINATOR_DATABASE: (
         "The database (`--db`) cannot be opened, reached or initialised."
     ),
-    # ftis-client (50-79)
     ExitCode.COORDINATOR_WORKER: (
         "A worker process of `serve --workers N` exited; the others were stopped. Its "
         "log lines above say why."
     ),
+    ExitCode.COORDINATOR_SPOT_CHECK_MODELS: (
+        "A model named in `spot_checks.models` cannot be loaded (not found locally, or "
+        "the `ftis-coordinator[spot-checks]` extra with torch and ftis-client is not "
+        "installed); the log says which. Fix the name or install the extra."
+    ),
+    # ftis-client (50-79)
     ExitCode.CLIENT_COORDINATOR_UNREACHABLE: (
         "The coordinator cannot be reached or a call failed at the gRPC level "
         "(`start`: UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential backoff "

@@ -40,6 +40,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REQUEST_INVALID: _ClassVar[ErrorCode]
     AUTH_INVALID: _ClassVar[ErrorCode]
     AUTH_EXPIRED: _ClassVar[ErrorCode]
+    MODEL_NOT_CHECKABLE: _ClassVar[ErrorCode]
     TEXT_MISMATCH: _ClassVar[ErrorCode]
     PROMPT_MISMATCH: _ClassVar[ErrorCode]
     TOKENIZER_REQUIRED: _ClassVar[ErrorCode]
@@ -50,9 +51,11 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RATE_LIMITED: _ClassVar[ErrorCode]
     REGISTRATION_THROTTLED: _ClassVar[ErrorCode]
     REQUEST_TOO_LARGE: _ClassVar[ErrorCode]
+    VERIFICATION_BUSY: _ClassVar[ErrorCode]
     LOGPROB_TOO_SMALL: _ClassVar[ErrorCode]
     PROMPT_TOO_LONG: _ClassVar[ErrorCode]
     SCORING_TIMEOUT: _ClassVar[ErrorCode]
+    LOGPROB_SPOT_CHECK_FAILED: _ClassVar[ErrorCode]
     INTERNAL: _ClassVar[ErrorCode]
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ENVELOPE_TOO_LARGE: ErrorCode
@@ -87,6 +90,7 @@ REGISTRATION_INVALID: ErrorCode
 REQUEST_INVALID: ErrorCode
 AUTH_INVALID: ErrorCode
 AUTH_EXPIRED: ErrorCode
+MODEL_NOT_CHECKABLE: ErrorCode
 TEXT_MISMATCH: ErrorCode
 PROMPT_MISMATCH: ErrorCode
 TOKENIZER_REQUIRED: ErrorCode
@@ -97,9 +101,11 @@ VOCAB_SIZE_MISMATCH: ErrorCode
 RATE_LIMITED: ErrorCode
 REGISTRATION_THROTTLED: ErrorCode
 REQUEST_TOO_LARGE: ErrorCode
+VERIFICATION_BUSY: ErrorCode
 LOGPROB_TOO_SMALL: ErrorCode
 PROMPT_TOO_LONG: ErrorCode
 SCORING_TIMEOUT: ErrorCode
+LOGPROB_SPOT_CHECK_FAILED: ErrorCode
 INTERNAL: ErrorCode
 
 class Error(_message.Message):

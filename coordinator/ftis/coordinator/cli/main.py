@@ -175,11 +175,16 @@ def serve(
         raise _fail(ExitCode.COORDINATOR_DATABASE, str(exc)) from None
     except ValueError as exc:  # e.g. a task config ReasoningGYM refuses
         raise _fail(ExitCode.USAGE, f"invalid configuration: {exc}") from None
+    from ftis.coordinator.spot_check_pool import SpotCheckLoadError
+
     try:
         server.start()
     except BindError as exc:
         server.stop(None)
         raise _fail(ExitCode.COORDINATOR_BIND, str(exc)) from None
+    except SpotCheckLoadError as exc:
+        server.stop(None)
+        raise _fail(ExitCode.COORDINATOR_SPOT_CHECK_MODELS, str(exc)) from None
 
     stop = _stop_on_signals()
     try:

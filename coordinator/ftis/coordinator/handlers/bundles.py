@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import NoReturn
 
 from ftis.coordinator import reputation
@@ -34,8 +35,10 @@ log = logging.getLogger(__name__)
 
 #: The bundle quota's window (the config's limits are per minute).
 QUOTA_WINDOW_MS = 60_000
-#: Rejections that are never charged to the signer: it is unknown or already banned.
-_UNCHARGED = (ErrorCode.NODE_UNKNOWN, ErrorCode.NODE_BANNED)
+#: Rejections that are never charged to the signer: it is unknown or already banned, or
+#: the coordinator could not run a drawn spot check (its own capacity, not the sender's
+#: fault).
+_UNCHARGED = (ErrorCode.NODE_UNKNOWN, ErrorCode.NODE_BANNED, ErrorCode.VERIFICATION_BUSY)
 
 
 def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> BundleRecord:
@@ -65,6 +68,7 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
             opened, snapshot, now_ms=now,
             tokenizer=tokenizer, tokenizer_fingerprint=fingerprint,
             score=ctx.rescoring.rescore,
+            spot_check=_spot_check(ctx, policy),
             require_tokenizer=ctx.config.require_tokenizer,
             quota=BundleQuota(ctx.config.bundles_per_minute, ctx.config.bundle_bytes_per_minute),
             tokenizer_id_bound=(ctx.tokenizers.id_bound(fingerprint)
@@ -82,6 +86,18 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
     assert committed.bundle is not None
     _refresh_cached(ctx, committed.node, now)
     return committed.bundle
+
+
+def _spot_check(ctx: Context, policy: reputation.ReputationConfig
+                ) -> Callable[[NodeRecord, bundle_pb2.Bundle, str], object] | None:
+    """Check 9 for ``check_submission``: the spot checker with the node's probation
+    status (which sets the share of its bundles that are checked)."""
+    checker = ctx.spot_checks
+    if checker is None:
+        return None
+    return lambda node, bundle, bundle_id: checker.check(
+        bundle, bundle_id, reputation.on_probation(node.bundles_accepted, policy),
+        node.bundles_accepted)
 
 
 def _refresh_cached(ctx: Context, node: NodeRecord | None, now: int) -> None:

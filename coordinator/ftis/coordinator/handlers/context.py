@@ -19,6 +19,7 @@ from ftis.coordinator.config import CoordinatorConfig
 from ftis.coordinator.quotas import Quotas
 from ftis.coordinator.reputation import ReputationConfig
 from ftis.coordinator.rescoring import RescoringPool
+from ftis.coordinator.spot_check_pool import SpotChecker
 from ftis.coordinator.state.base import NodeRecord, State
 from ftis.coordinator.tokenizer_store import TokenizerCache
 from ftis.tasks import HeldoutSplit, TaskSource
@@ -143,6 +144,7 @@ class Context:
             quotas are counted in the database instead).
         tokenizers: per-process cache of uploaded tokenizers.
         rescoring: re-scores submitted completions in worker processes, with a budget.
+        spot_checks: checks claimed log-probs against held weights (``None``: off).
         seen: buffered last-seen times.
         nodes: node records reused by authentication for up to a second.
         policy: the reputation policy in force (settings row if set, else the config's).
@@ -155,6 +157,7 @@ class Context:
     quotas: Quotas
     tokenizers: TokenizerCache
     rescoring: RescoringPool = field(default_factory=lambda: RescoringPool(workers=0))
+    spot_checks: SpotChecker | None = None
     seen: SeenBuffer = field(default_factory=SeenBuffer)
     nodes: NodeCache = field(default_factory=NodeCache)
     policy: ReputationConfig = field(default_factory=ReputationConfig)
@@ -181,6 +184,8 @@ class Context:
             tokenizers=TokenizerCache(state, config.tokenizer_cache_size,
                                       config.max_tokenizer_json_bytes),
             rescoring=RescoringPool(config.rescoring_workers, config.rescoring_budget_s),
+            spot_checks=(SpotChecker(config.spot_checks) if config.spot_checks.enabled
+                         else None),
         )
         ctx.policy = ctx.load_policy()
         return ctx

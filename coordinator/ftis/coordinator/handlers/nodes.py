@@ -56,7 +56,8 @@ def register(ctx: Context, envelope: bundle_pb2.SignedEnvelope, peer: str = "") 
         FtisError: envelope codes, REGISTRATION_INVALID, NODE_BANNED,
             REGISTRATION_THROTTLED (new node ids only), VOCAB_SIZE_MISMATCH (a tokenizer
             with the card's fingerprint is known and the card's vocab_size does not fit
-            it; nothing is stored).
+            it; nothing is stored), MODEL_NOT_CHECKABLE (``spot_checks.required`` and the
+            card's weights are not held).
     """
     now = ctx.clock()
     payload, node_id = verify_registration(
@@ -72,6 +73,11 @@ def register(ctx: Context, envelope: bundle_pb2.SignedEnvelope, peer: str = "") 
         raise FtisError(ErrorCode.REGISTRATION_THROTTLED,
                         "too many new registrations right now; retry in a minute")
     card = payload.model_card
+    if (ctx.spot_checks is not None and ctx.config.spot_checks.required
+            and not ctx.spot_checks.holds(card)):
+        raise FtisError(ErrorCode.MODEL_NOT_CHECKABLE,
+                        f"this swarm requires spot-checkable models; {card.base_model!r} "
+                        f"({card.quantization or 'no quantization'}) is not held")
     bound = ctx.tokenizers.id_bound(card.tokenizer_fingerprint)
     if bound is not None:  # the tokenizer is known: the card must fit it
         check_vocab_size(card.vocab_size, bound)

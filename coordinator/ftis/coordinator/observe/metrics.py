@@ -84,6 +84,13 @@ VERIFICATION_SECONDS = Histogram(
     "SubmitBundle handler time: decoding, signature, checks, re-scoring and its database "
     "read and commit (measured around the handler call), by outcome.",
     ["outcome"], buckets=_LATENCY_BUCKETS)
+SPOT_CHECKS = Counter(
+    "ftis_spot_checks", "Log-prob spot checks against held weights, by outcome (passed, "
+    "failed, busy, skipped_card).", ["outcome"])
+SPOT_CHECK_NATS = Histogram(
+    "ftis_spot_check_mean_abs_nats",
+    "Mean |claimed - recomputed| log-prob of spot-checked bundles, nats/token.",
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0))
 DB_SECONDS = Histogram(
     "ftis_db_transaction_seconds",
     "Database transaction time from BEGIN to the connection's return (commit included).",
@@ -109,6 +116,13 @@ def observe_rpc(method: str, seconds: float, code: int) -> None:
 def observe_verification(seconds: float, accepted: bool) -> None:
     """One SubmitBundle handler call."""
     VERIFICATION_SECONDS.labels("accepted" if accepted else "rejected").observe(seconds)
+
+
+def spot_check(outcome: str, mean_abs_nats: float | None = None) -> None:
+    """One drawn spot check's outcome (and its statistic when it ran)."""
+    SPOT_CHECKS.labels(outcome).inc()
+    if mean_abs_nats is not None:
+        SPOT_CHECK_NATS.observe(mean_abs_nats)
 
 
 def relayed(n: int) -> None:

@@ -120,12 +120,15 @@ class CoordinatorServer:
         self._admin_port = 0
 
     def start(self) -> None:
-        """Bind both listeners and start serving.
+        """Load the spot-check models (if any), bind both listeners and start serving.
 
         Raises:
+            SpotCheckLoadError: a spot-check model did not load (nothing is bound).
             BindError: if an address cannot be bound (nothing is left running); the HTTP
                 address only when not ``http_optional``.
         """
+        if self.ctx.spot_checks is not None:
+            self.ctx.spot_checks.start()  # blocks until every worker holds the models
         swarm = grpc.server(
             ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ftis-swarm"),
             options=self._options(swarm_grpc_options(self.config)),
@@ -214,6 +217,8 @@ class CoordinatorServer:
         except Exception:
             log.exception("flushing last-seen times failed")
         self.ctx.rescoring.close()
+        if self.ctx.spot_checks is not None:
+            self.ctx.spot_checks.close()
         self.state.close()
         metrics.mark_process_dead()  # a worker of serve --workers N: its live files go
 
