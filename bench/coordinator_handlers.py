@@ -13,14 +13,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from coordinator_helpers import (  # noqa: E402
+from ftis.lab.harness.coordinator import (
     FakeClock,
     build_bundle,
     make_coordinator,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,13 +18,10 @@ from pathlib import Path
 import grpc
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from coordinator_helpers import model_card, register_envelope, signed  # noqa: E402
-
-from ftis.client.experiment.launcher import start_coordinator  # noqa: E402
-from ftis.protocol.identity import NodeIdentity  # noqa: E402
-from ftis.v1 import swarm_pb2, swarm_pb2_grpc  # noqa: E402
+from ftis.lab.experiment.launcher import start_coordinator
+from ftis.lab.harness.coordinator import model_card, register_envelope, signed
+from ftis.protocol.identity import NodeIdentity
+from ftis.v1 import swarm_pb2, swarm_pb2_grpc
 
 NODES, WARMUP_S, MEASURE_S = 32, 3.0, 10.0
 

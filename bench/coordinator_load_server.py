@@ -1,5 +1,5 @@
 """The coordinator side of ``bench/coordinator_load.py``: its configuration, the
-``serve`` subprocess (ready-file protocol of ``ftis.client.experiment.launcher``), the
+``serve`` subprocess (ready-file protocol of ``ftis.lab.experiment.launcher``), the
 databases (a fresh SQLite file, or a fresh PostgreSQL database, per run) and a psutil
 sampler of the process tree's CPU time and RSS."""
 

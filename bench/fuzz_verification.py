@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fuzz bundle verification at scale: the properties of
-``tests/unit/test_fuzz_verification.py`` (generators in ``tests/fuzz_helpers.py``) run
+``tests/unit/test_fuzz_verification.py`` (generators in ``lab/ftis/lab/harness/fuzz.py``) run
 for ``--examples`` examples, split over ``--jobs`` processes.
 
 Properties, drawn per example with these weights:
@@ -46,7 +46,6 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PROPERTIES = (
@@ -60,7 +59,7 @@ PROPERTIES = (
 #: (taken twice per example) small.
 RESET_EVERY = 100
 MAX_FAILURES_KEPT = 20
-#: [snapshot function] set by --exact-snapshot (None: fuzz_helpers.fast_snapshot)
+#: [snapshot function] set by --exact-snapshot (None: ftis.lab.harness.fuzz.fast_snapshot)
 SNAPSHOTS: list = [None]
 
 
@@ -126,10 +125,10 @@ def worker(job: tuple[int, int, int, str, bool]) -> dict:
     root = logging.getLogger()
     root.handlers[:] = [logged]
     root.setLevel(logging.ERROR)
-    import fuzz_helpers as fh
+    from ftis.lab.harness import fuzz as fh
 
     if exact:
-        from coordinator_helpers import snapshot
+        from ftis.lab.harness.coordinator import snapshot
 
         SNAPSHOTS[0] = snapshot
 
@@ -231,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--exact-snapshot",
         action="store_true",
-        help="compare tables with coordinator_helpers.snapshot (JSON per value, ~1.5x "
-        "slower) instead of fuzz_helpers.fast_snapshot",
+        help="compare tables with ftis.lab.harness.coordinator.snapshot (JSON per value, ~1.5x "
+        "slower) instead of ftis.lab.harness.fuzz.fast_snapshot",
     )
     parser.add_argument(
         "--out", type=Path, default=ROOT / "runs" / "fuzz", help="where failures are written"

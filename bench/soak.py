@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import psutil
 
-    from ftis.client.experiment.launcher import ClientSpec, Swarm, start_client, start_coordinator
     from ftis.client.models.tiny import build_tiny_model
+    from ftis.lab.experiment.launcher import ClientSpec, Swarm, start_client, start_coordinator
 
     day = dt.date.today().isoformat()
     out_json = args.json or ROOT / "bench" / "results" / (

@@ -9,7 +9,7 @@ Usage::
 Raw results live in ``experiments/results/ID/`` (``--results``): the run's
 ``config.json``, ``results.jsonl`` (one line per cell, client and round) and
 ``evals.jsonl`` (held-out evaluations, with per-prompt rewards), as written by
-``ftis-client experiment --out RUN``; ``--collect RUN`` copies them there, ``ID`` being
+``ftis-lab experiment --out RUN``; ``--collect RUN`` copies them there, ``ID`` being
 the config's ``id`` (else the run folder's name).
 
 In the document (``--doc``) every table between ``<!-- table:ID/KIND -->`` and
@@ -30,8 +30,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ftis.client.experiment import report
-from ftis.client.experiment.matrix import ExperimentConfig, analysis
+from ftis.lab.experiment import report
+from ftis.lab.experiment.matrix import ExperimentConfig, analysis
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"

@@ -16,8 +16,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from ftis.client.experiment.matrix import mean_sd
-from ftis.client.experiment.report import read_metrics
+from ftis.lab.experiment.matrix import mean_sd
+from ftis.lab.experiment.report import read_metrics
 
 _rows = read_metrics
 

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from coordinator_helpers import (
+
+from ftis.coordinator import reputation
+from ftis.coordinator.server.app import CoordinatorServer
+from ftis.lab.harness.coordinator import (
     VOCAB,
     answer_text,
     chat_prompt,
@@ -28,9 +31,6 @@ from coordinator_helpers import (
     tokenizer_fp,
     tokenizer_gz,
 )
-
-from ftis.coordinator import reputation
-from ftis.coordinator.server.app import CoordinatorServer
 from ftis.protocol.envelope import seal
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import bundle_pb2, swarm_pb2, swarm_pb2_grpc

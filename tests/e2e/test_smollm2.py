@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from ftis.client.experiment.launcher import ClientSpec, launch
-from ftis.client.experiment.report import read_metrics
+from ftis.lab.experiment.launcher import ClientSpec, launch
+from ftis.lab.experiment.report import read_metrics
 
 pytestmark = pytest.mark.e2e
 

@@ -197,6 +197,14 @@ def test_install_sh_installs_updates_and_uninstalls(built: Path, tmp_path: Path)
     rows = {r["name"]: r for r in json.loads(models.stdout)}
     assert {"smollm2-135m", "gemma3-270m"} <= set(rows)
     assert rows["smollm2-135m"]["kind"] == "embedded"
+    # the slim volunteer package: the volunteer commands only, no ftis-lab
+    assert not (venv / "bin/ftis-lab").exists()
+    no_lab = _run([str(venv / "bin/python"), "-c",
+                   "import importlib.util as u; print(u.find_spec('ftis.lab') is None)"], env)
+    assert no_lab.stdout.strip() == "True", no_lab.stderr
+    top_help = _run([str(link), "--help"], env)
+    assert top_help.returncode == 0 and "attack" not in top_help.stdout
+    assert "demo" not in top_help.stdout
     # the service wrapper reads client.env and runs `ftis-client start`
     start_help = _run([str(wrapper), "--help"], env)
     assert start_help.returncode == 0 and "--coordinator" in start_help.stdout

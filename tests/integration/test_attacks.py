@@ -1,5 +1,5 @@
 """Every attacker as a real process against a real coordinator, next to two honest tiny
-clients (CI version of ``ftis-client security-experiment``: eight attackers share one
+clients (CI version of ``ftis-lab security-experiment``: eight attackers share one
 swarm to
 keep it under two minutes on two cores; process start-up dominates).
 
@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from ftis.client.experiment.security import SecuritySettings, run_security_experiment
+from ftis.lab.experiment.security import SecuritySettings, run_security_experiment
 
 pytestmark = pytest.mark.integration
 

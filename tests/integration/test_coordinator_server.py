@@ -14,7 +14,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from coordinator_helpers import (
+
+from ftis.lab.harness.coordinator import (
     VOCAB,
     answer_text,
     chat_prompt,
@@ -25,7 +26,6 @@ from coordinator_helpers import (
     tokenizer_fp,
     tokenizer_gz,
 )
-
 from ftis.protocol.envelope import open_envelope, seal
 from ftis.protocol.errors import ErrorCode
 from ftis.protocol.exit_codes import ExitCode

@@ -107,7 +107,7 @@ def db_url(request, tmp_path) -> str:
 
 class Coordinator:
     """``python -m ftis.coordinator.cli.main serve`` on a fixed port (so a restart reuses
-    it), with the ready-file protocol of ``ftis.client.experiment.launcher``."""
+    it), with the ready-file protocol of ``ftis.lab.experiment.launcher``."""
 
     def __init__(self, workdir: Path, db_url: str, config: Path, env: dict[str, str]) -> None:
         self.workdir, self.db_url, self.config, self.env = workdir, db_url, config, env

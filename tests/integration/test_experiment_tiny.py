@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ftis.client.experiment.matrix import ExperimentConfig, run_experiment
+from ftis.lab.experiment.matrix import ExperimentConfig, run_experiment
 
 pytestmark = pytest.mark.integration
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ftis.client.experiment.report import read_metrics
 from ftis.client.learner.checkpoint import load_checkpoint
 from ftis.client.node.config import ClientConfig
 from ftis.client.node.runner import VolunteerNode
 from ftis.client.swarm.connection import RetryPolicy, SwarmConnection
+from ftis.lab.experiment.report import read_metrics
 from ftis.protocol.exit_codes import ExitCode
 from ftis.protocol.identity import NodeIdentity
 

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from coordinator_helpers import (
+
+from ftis.coordinator.server.app import CoordinatorServer
+from ftis.lab.harness.coordinator import (
     VOCAB,
     answer_text,
     chat_prompt,
@@ -36,8 +38,6 @@ from coordinator_helpers import (
     tokenizer_gz,
     tokenizer_json,
 )
-
-from ftis.coordinator.server.app import CoordinatorServer
 from ftis.protocol.envelope import seal
 from ftis.protocol.fingerprint import tokenizer_fingerprint
 from ftis.protocol.identity import NodeIdentity

@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ftis.client.experiment.launcher import ClientSpec, launch, start_attacker
-from ftis.client.experiment.report import read_metrics
 from ftis.coordinator.observe.http import PAGE_CACHE_S
 from ftis.coordinator.reputation import ReputationConfig
+from ftis.lab.experiment.launcher import ClientSpec, launch, start_attacker
+from ftis.lab.experiment.report import read_metrics
 from ftis.v1 import bundle_pb2
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ import sqlite3
 
 import pytest
 
-from ftis.client.experiment.launcher import ClientSpec, launch
-from ftis.client.experiment.report import read_metrics
+from ftis.lab.experiment.launcher import ClientSpec, launch
+from ftis.lab.experiment.report import read_metrics
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from ftis.client.experiment.launcher import ClientSpec, launch, start_client
-from ftis.client.experiment.report import read_metrics
+from ftis.lab.experiment.launcher import ClientSpec, launch, start_client
+from ftis.lab.experiment.report import read_metrics
 
 pytestmark = pytest.mark.integration
 

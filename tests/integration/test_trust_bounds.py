@@ -17,14 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from coordinator_helpers import (
-    VOCAB,
-    load_tokenizer,
-    model_card,
-    signed,
-    tokenizer_fp,
-    tokenizer_json,
-)
 from google.protobuf import unknown_fields
 from trust_swarm import (
     MAX_NEW_TOKENS,
@@ -37,6 +29,14 @@ from trust_swarm import (
 )
 
 from ftis.coordinator.server.convert import _length_delimited
+from ftis.lab.harness.coordinator import (
+    VOCAB,
+    load_tokenizer,
+    model_card,
+    signed,
+    tokenizer_fp,
+    tokenizer_json,
+)
 from ftis.protocol.bundles import PROMPT_TEMPLATE_SLACK, prompt_limits
 from ftis.protocol.envelope import open_envelope, seal, signing_digest
 from ftis.protocol.errors import ErrorCode

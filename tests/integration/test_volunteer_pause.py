@@ -12,14 +12,14 @@ import pytest
 from typer.testing import CliRunner
 
 from ftis.client.cli.main import app
-from ftis.client.experiment.launcher import start_coordinator
-from ftis.client.experiment.report import read_metrics
 from ftis.client.node.config import ClientConfig
 from ftis.client.node.runner import RoundResult, VolunteerNode
 from ftis.client.settings.gate import RoundGate, node_state
 from ftis.client.settings.model import VolunteerSettings, env_name, resolve_settings
 from ftis.client.settings.schedule import Decision, MachineSnapshot
 from ftis.client.swarm.connection import SwarmConnection
+from ftis.lab.experiment.launcher import start_coordinator
+from ftis.lab.experiment.report import read_metrics
 from ftis.protocol.exit_codes import ExitCode
 from ftis.protocol.identity import NodeIdentity
 

@@ -14,9 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from coordinator_helpers import build_bundle, model_card, register_envelope, seal_bundle, signed
 
 from ftis.coordinator.state.sql import SqlState
+from ftis.lab.harness.coordinator import (
+    build_bundle,
+    model_card,
+    register_envelope,
+    seal_bundle,
+    signed,
+)
 from ftis.protocol.errors import ErrorCode
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import swarm_pb2, swarm_pb2_grpc

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from coordinator_helpers import model_card, register_envelope
 from prometheus_client.parser import text_string_to_metric_families
 
+from ftis.lab.harness.coordinator import model_card, register_envelope
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import swarm_pb2, swarm_pb2_grpc
 

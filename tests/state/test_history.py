@@ -4,7 +4,8 @@ database, bounded to the newest rows, and they select nothing secret."""
 
 from __future__ import annotations
 
-from coordinator_helpers import (
+from ftis.coordinator.observe import status as page
+from ftis.lab.harness.coordinator import (
     Coordinator,
     FakeClock,
     build_bundle,
@@ -12,8 +13,6 @@ from coordinator_helpers import (
     register,
     seal_bundle,
 )
-
-from ftis.coordinator.observe import status as page
 
 
 def test_history_on_both_backends(state, state_url) -> None:

@@ -7,11 +7,14 @@ import json
 import math
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from ftis.client.attack import ATTACK_KINDS, KINDS, mutations
-from ftis.client.attack.nodes import (
+from ftis.client.node.runner import VolunteerNode
+from ftis.client.rollout.groups import RolloutGroup
+from ftis.lab.attack import ATTACK_KINDS, KINDS, mutations
+from ftis.lab.attack.nodes import (
     NODE_CLASSES,
     AttackLog,
     AttackOptions,
@@ -21,7 +24,6 @@ from ftis.client.attack.nodes import (
     TextMismatchNode,
     read_attack_log,
 )
-from ftis.client.rollout.groups import RolloutGroup
 from ftis.protocol.bundles import BundleLimits, check_structure
 from ftis.protocol.envelope import open_envelope, seal
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -65,14 +67,14 @@ def test_kinds_all_have_a_node_class():
     assert set(NODE_CLASSES) == set(KINDS)
     assert "honest" not in ATTACK_KINDS and len(ATTACK_KINDS) == 14
     assert {"logprob_shade", "sybil_feedback", "answer_computer"} <= set(ATTACK_KINDS)
-    from ftis.client.experiment.security import EXPECTED_CODES
+    from ftis.lab.experiment.security import EXPECTED_CODES
 
     assert set(EXPECTED_CODES) == set(ATTACK_KINDS)
 
 
 def test_logprob_shade_lowers_every_logprob_by_ln_c():
-    from ftis.client.attack.nodes import AttackOptions
     from ftis.client.learner.loss import LossConfig
+    from ftis.lab.attack.nodes import AttackOptions
 
     assert AttackOptions().shade_truncation == LossConfig().truncation == 2.0
     b = _bundle()
@@ -103,8 +105,8 @@ def test_computed_answer_parses_arithmetic_questions(dataset, question, answer):
 
 
 def test_computed_bundle_encodes_answers_with_the_tokenizer_and_made_up_logprobs():
-    from coordinator_helpers import VOCAB as TOKENIZER_VOCAB
-    from coordinator_helpers import load_tokenizer
+    from ftis.lab.harness.coordinator import VOCAB as TOKENIZER_VOCAB
+    from ftis.lab.harness.coordinator import load_tokenizer
 
     tok = load_tokenizer()
 
@@ -290,17 +292,30 @@ class _Conn:
     identity = NodeIdentity.generate()
 
 
+#: Attributes of the wrapped VolunteerNode (``attacker.node``), not of the attacker.
+_NODE_ATTRS = {"conn", "policy", "round", "config", "pool", "learner", "sampling"}
+
+
 def _node(cls, tiny_policy=None, **attrs):
-    node = cls.__new__(cls)  # skip VolunteerNode.__init__ (learner, connection)
+    """An attacker of class ``cls`` around a stand-in for its VolunteerNode (whose
+    ``__init__`` builds a learner and needs a connection)."""
+    node = cls.__new__(cls)
     node.options = AttackOptions()
     node.rng = random.Random(0)
-    node.round = 0
     node.lease_index = 0
     node.accepted_envelopes = []
-    node.conn = _Conn()
-    node.policy = tiny_policy
-    node.__dict__.update(attrs)
+    node._variant = "own"
+    wrapped = {"conn": _Conn(), "policy": tiny_policy, "round": 0, "config": None}
+    node.node = SimpleNamespace(**{**wrapped, **{k: v for k, v in attrs.items()
+                                                 if k in _NODE_ATTRS}})
+    node.__dict__.update({k: v for k, v in attrs.items() if k not in _NODE_ATTRS})
     return node
+
+
+def test_attackers_wrap_the_node_by_composition():
+    assert all(not issubclass(cls, VolunteerNode) for cls in NODE_CLASSES.values())
+    for cls in NODE_CLASSES.values():  # each implements the node's hooks
+        assert callable(cls.bundle) and callable(cls.submit) and callable(cls.feedback)
 
 
 def test_text_mismatch_node_writes_a_guessed_answer():
@@ -330,10 +345,11 @@ def test_replay_node_submits_own_then_copies(tiny_policy_factory):
     ids, text = policy.prompt_token_ids(render_messages(lease.question))
     sampled = [type("S", (), {"token_ids": [5, 6], "logprobs": [-1.0, -2.0],
                               "finish_reason": 2})() for _ in range(G)]
-    node.sampling = type("S", (), {"to_proto": lambda self: victim.sampling})()
+    node.node.sampling = type("S", (), {"to_proto": lambda self: victim.sampling})()
     variants, bundles = [], []
     for _ in range(3):
-        bundles.append(node.make_bundle(lease, ids, text, sampled))
+        honest = VolunteerNode.make_bundle(node.node, lease, ids, text, sampled)
+        bundles.append(node.bundle(honest, lease, ids, text))
         variants.append(node._variant)
     assert variants == ["own", "copy_own_prompt", "copy_verbatim"]
     own, own_prompt, verbatim = bundles
@@ -343,7 +359,7 @@ def test_replay_node_submits_own_then_copies(tiny_policy_factory):
     for b in (verbatim, own_prompt):
         assert b.lease_id == "mylease" and b.node_id == node.conn.node_id
         assert list(b.completions[0].token_ids) == list(victim.completions[0].token_ids)
-    node.round, node.lease_index = 0, 0  # no verbatim copies (they get banned) before round 3
+    node.node.round, node.lease_index = 0, 0  # no verbatim copies (they get banned) before round 3
     assert [node.variant(i) for i in range(3)] == ["own", "copy_own_prompt", "copy_own_prompt"]
 
 
@@ -369,7 +385,8 @@ def test_false_reporter_reports_every_sender_it_heard_from(tmp_path):
 
     node = _node(FalseReporterNode, attack_log=log, pool=Pool(), learner=Learner(),
                  config=type("C", (), {"group_size": G})())
-    fb = {f.sender_node_id: f for f in node.feedback(groups[:2])}
+    honest = VolunteerNode.feedback(node.node, groups[:2])  # drains the pool's counters
+    fb = {f.sender_node_id: f for f in node.feedback(groups[:2], honest)}
     assert set(fb) == {"s1", "s2"}
     assert sorted(fb["s1"].bundle_ids) == ["b1", "b3"]
     assert fb["s2"].text_mismatches == G and fb["s2"].mean_log_ratio == 25.0
@@ -380,7 +397,8 @@ def test_false_reporter_reports_every_sender_it_heard_from(tmp_path):
 def test_attack_cli_takes_every_start_flag():
     import inspect
 
-    from ftis.client.cli import attack, start
+    from ftis.client.cli import start
+    from ftis.lab.cli import attack
 
     params = inspect.signature(attack.attack).parameters
     assert set(inspect.signature(start.start).parameters) <= set(params)
@@ -389,7 +407,7 @@ def test_attack_cli_takes_every_start_flag():
 
 # -- experiment bookkeeping -----------------------------------------------------------------
 def test_round_at_and_first_flagged():
-    from ftis.client.experiment.security import first_flagged, round_at
+    from ftis.lab.experiment.security import first_flagged, round_at
 
     honest = {"a": [{"time": 10.0}, {"time": 20.0}, {"time": 30.0}],
               "b": [{"time": 12.0}, {"time": 25.0}, {"time": 31.0}]}
@@ -416,7 +434,7 @@ def _record(**kw):
 
 
 def test_verdicts_and_table(tmp_path):
-    from ftis.client.experiment.security import markdown_table, plot_rewards, verdict
+    from ftis.lab.experiment.security import markdown_table, plot_rewards, verdict
 
     assert verdict(_record(banned_round=2, detected_round=2)) == "banned"
     assert verdict(_record(quarantined_end=True)) == "quarantined"
@@ -448,7 +466,7 @@ def test_attack_log_roundtrip(tmp_path):
 
 # -- the replay_frame attack against the coordinator in-process ------------------------------
 def test_third_party_replay_of_a_relayed_envelope_does_not_hurt_the_signer():
-    from coordinator_helpers import build_bundle, make_coordinator, register
+    from ftis.lab.harness.coordinator import build_bundle, make_coordinator, register
 
     coord = make_coordinator(bundles_per_minute=10)
     victim = register(coord)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ftis.client.experiment.demo_report import (
+from ftis.lab.experiment.demo_report import (
     client_comparison,
     demo_conclusion,
     first_and_last_eval,

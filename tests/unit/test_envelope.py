@@ -6,9 +6,9 @@ import os
 import stat
 
 import pytest
-from coordinator_helpers import FP_A, build_bundle, model_card, register_envelope
 
 from ftis.coordinator.state.base import LeaseRecord
+from ftis.lab.harness.coordinator import FP_A, build_bundle, model_card, register_envelope
 from ftis.protocol.envelope import open_envelope, parse_envelope_bytes, seal
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.identity import NodeIdentity

@@ -23,14 +23,15 @@ from ftis.protocol.exit_codes import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-#: source roots of the three programs and their shared package
-PACKAGE_ROOTS = (ROOT / "proto", ROOT / "coordinator", ROOT / "client")
+#: source roots of the three programs, their shared package and the lab (whose
+#: ``ftis-lab`` shares the client's codes)
+PACKAGE_ROOTS = (ROOT / "proto", ROOT / "coordinator", ROOT / "client", ROOT / "lab")
 PROGRAM_DIRS = (ROOT / "client" / "ftis" / "client", ROOT / "coordinator" / "ftis" / "coordinator",
-                ROOT / "proto" / "ftis")
+                ROOT / "proto" / "ftis", ROOT / "lab" / "ftis" / "lab")
 #: files that must hold exit sites (so the scan below cannot pass vacuously)
 EXPECTED_EXIT_FILES = {
-    "client/ftis/client/cli/start.py", "client/ftis/client/cli/demo.py",
-    "client/ftis/client/cli/attack.py", "client/ftis/client/cli/experiment.py",
+    "client/ftis/client/cli/start.py", "lab/ftis/lab/cli/demo.py",
+    "lab/ftis/lab/cli/attack.py", "lab/ftis/lab/cli/experiment.py",
     "coordinator/ftis/coordinator/cli/main.py", "coordinator/ftis/coordinator/admin_cli/main.py",
 }
 

@@ -1,4 +1,4 @@
-"""Paired tests of ftis.client.experiment.stats against hand-computed values."""
+"""Paired tests of ftis.lab.experiment.stats against hand-computed values."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ftis.client.experiment.stats import (
+from ftis.lab.experiment.stats import (
     holm,
     mcnemar_exact,
     paired_bootstrap_ci,

@@ -10,7 +10,12 @@ import json
 from typing import Any
 
 import pytest
-from coordinator_helpers import (
+
+from ftis.client.models.card import fingerprint_of
+from ftis.client.models.tiny import build_tiny_tokenizer
+from ftis.coordinator.tokenizer_store import check_upload
+from ftis.coordinator.verify import check_submission, open_bundle
+from ftis.lab.harness.coordinator import (
     build_bundle,
     load_tokenizer,
     make_coordinator,
@@ -20,11 +25,6 @@ from coordinator_helpers import (
     tokenizer_fp,
     tokenizer_json,
 )
-
-from ftis.client.models.card import fingerprint_of
-from ftis.client.models.tiny import build_tiny_tokenizer
-from ftis.coordinator.tokenizer_store import check_upload
-from ftis.coordinator.verify import check_submission, open_bundle
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.fingerprint import (
     FINGERPRINT_VERSION,

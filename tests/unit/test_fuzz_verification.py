@@ -1,5 +1,5 @@
 """Property-based fuzzing of bundle verification (hypothesis; machinery in
-``tests/fuzz_helpers.py``, the same generators ``bench/fuzz_verification.py`` runs at
+``lab/ftis/lab/harness/fuzz.py``, the same generators ``bench/fuzz_verification.py`` runs at
 100k examples).
 
 Properties:
@@ -24,7 +24,10 @@ import logging
 from collections import Counter
 
 import pytest
-from fuzz_helpers import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ftis.lab.harness.fuzz import (
     FuzzWorld,
     HypothesisDraw,
     run_check_structure,
@@ -32,9 +35,6 @@ from fuzz_helpers import (
     run_structured,
     run_submit_bytes,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from ftis.protocol.errors import ErrorCode
 
 FUZZ = settings(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from coordinator_helpers import (
+
+from ftis.coordinator.state.sql import SqlState
+from ftis.lab.harness.coordinator import (
     FakeClock,
     build_bundle,
     make_coordinator,
@@ -12,8 +14,6 @@ from coordinator_helpers import (
     snapshot,
     verify_only,
 )
-
-from ftis.coordinator.state.sql import SqlState
 from ftis.protocol.errors import ErrorCode, FtisError
 
 

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 from script_loader import load_script
 
-from ftis.client.experiment import matrix, report
-from ftis.client.experiment.matrix import (
+from ftis.lab.experiment import matrix, report
+from ftis.lab.experiment.matrix import (
     PARTNER_ROUND_FACTOR,
     CellMismatchError,
     ExperimentConfig,

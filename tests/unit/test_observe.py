@@ -13,17 +13,6 @@ import urllib.request
 import grpc
 import pytest
 import typer
-from coordinator_helpers import (
-    FakeClock,
-    build_bundle,
-    make_config,
-    make_coordinator,
-    model_card,
-    register,
-    register_envelope,
-    seal_bundle,
-    signed,
-)
 from prometheus_client.parser import text_string_to_metric_families
 
 from ftis.coordinator import reputation
@@ -34,6 +23,17 @@ from ftis.coordinator.reputation import ReputationConfig
 from ftis.coordinator.server import convert
 from ftis.coordinator.server.app import CoordinatorServer
 from ftis.coordinator.state.sql import SqlState
+from ftis.lab.harness.coordinator import (
+    FakeClock,
+    build_bundle,
+    make_config,
+    make_coordinator,
+    model_card,
+    register,
+    register_envelope,
+    seal_bundle,
+    signed,
+)
 from ftis.protocol.errors import ErrorCode
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import admin_pb2, swarm_pb2, swarm_pb2_grpc

@@ -6,7 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from coordinator_helpers import (
+
+from ftis.coordinator.cli.main import parse_overrides
+from ftis.coordinator.config import CoordinatorConfig, load_config
+from ftis.coordinator.quotas import RateLimiter, peer_host
+from ftis.coordinator.server.swarm_service import (
+    SwarmService,
+    _bounded_deserializer,
+    _refusing,
+)
+from ftis.lab.harness.coordinator import (
     FakeClock,
     FakeContext,
     build_bundle,
@@ -17,15 +26,6 @@ from coordinator_helpers import (
     register_envelope,
     seal_bundle,
     snapshot,
-)
-
-from ftis.coordinator.cli.main import parse_overrides
-from ftis.coordinator.config import CoordinatorConfig, load_config
-from ftis.coordinator.quotas import RateLimiter, peer_host
-from ftis.coordinator.server.swarm_service import (
-    SwarmService,
-    _bounded_deserializer,
-    _refusing,
 )
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.identity import NodeIdentity

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from coordinator_helpers import (
+
+from ftis.lab.harness.coordinator import (
     FP_A,
     FP_B,
     FakeClock,
@@ -12,7 +13,6 @@ from coordinator_helpers import (
     register,
     seal_bundle,
 )
-
 from ftis.protocol.envelope import open_envelope
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.v1 import bundle_pb2

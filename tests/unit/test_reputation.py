@@ -7,7 +7,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from coordinator_helpers import (
+
+from ftis.coordinator import reputation as rep
+from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
+from ftis.coordinator.server.admin_service import AdminService
+from ftis.lab.harness.coordinator import (
     FakeClock,
     build_bundle,
     load_tokenizer,
@@ -16,10 +20,6 @@ from coordinator_helpers import (
     register_with_tokenizer,
     seal_bundle,
 )
-
-from ftis.coordinator import reputation as rep
-from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
-from ftis.coordinator.server.admin_service import AdminService
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import admin_pb2, swarm_pb2

@@ -6,7 +6,9 @@ from __future__ import annotations
 import gzip
 
 import pytest
-from coordinator_helpers import (
+
+from ftis.coordinator.server.swarm_service import SwarmService
+from ftis.lab.harness.coordinator import (
     FakeClock,
     FakeContext,
     make_coordinator,
@@ -15,8 +17,6 @@ from coordinator_helpers import (
     tokenizer_fp,
     tokenizer_gz,
 )
-
-from ftis.coordinator.server.swarm_service import SwarmService
 from ftis.protocol.errors import ErrorCode
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import swarm_pb2

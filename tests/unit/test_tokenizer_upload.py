@@ -7,7 +7,12 @@ import gzip
 import json
 
 import pytest
-from coordinator_helpers import (
+
+from ftis.coordinator.server.swarm_service import SwarmService
+from ftis.coordinator.state.sql import Base
+from ftis.coordinator.tokenizer_store import gunzip_bounded
+from ftis.coordinator.verify import check_text
+from ftis.lab.harness.coordinator import (
     VOCAB,
     FakeClock,
     FakeContext,
@@ -24,11 +29,6 @@ from coordinator_helpers import (
     tokenizer_gz,
     tokenizer_json,
 )
-
-from ftis.coordinator.server.swarm_service import SwarmService
-from ftis.coordinator.state.sql import Base
-from ftis.coordinator.tokenizer_store import gunzip_bounded
-from ftis.coordinator.verify import check_text
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.fingerprint import tokenizer_fingerprint
 from ftis.protocol.identity import NodeIdentity

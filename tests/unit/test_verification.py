@@ -7,7 +7,8 @@ import math
 from collections.abc import Callable
 
 import pytest
-from coordinator_helpers import (
+
+from ftis.lab.harness.coordinator import (
     FP_A,
     FP_B,
     VOCAB,
@@ -22,7 +23,6 @@ from coordinator_helpers import (
     snapshot,
     verify_only,
 )
-
 from ftis.protocol.envelope import seal, signing_digest
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.identity import NodeIdentity

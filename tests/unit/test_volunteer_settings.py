@@ -343,8 +343,9 @@ def test_settings_cli_show_set_unset_reset(config_home):
 
 
 def test_start_has_one_flag_per_setting_with_help_from_the_model():
-    from ftis.client.cli import attack, start
+    from ftis.client.cli import start
     from ftis.client.cli.main import app
+    from ftis.lab.cli import attack
 
     params = inspect.signature(start.start).parameters
     assert set(VolunteerSettings.keys()) <= set(params)

@@ -69,7 +69,7 @@ EXIT_CODE_HELP: dict[int, str] = {
     ExitCode.OK: (
         "Success. ftis-coordinator: stopped normally, including on SIGINT or SIGTERM "
         "(graceful stop: running calls get up to 5 s); ftis-client start: all requested "
-        "rounds done; ftis-client demo: finished and wrote its report; ftis-client "
+        "rounds done; ftis-lab demo: finished and wrote its report; ftis-lab "
         "attack: rounds done or the attacker was banned (an expected outcome)."
     ),
     ExitCode.UNEXPECTED: (
@@ -105,8 +105,8 @@ EXIT_CODE_HELP: dict[int, str] = {
         "(`start`: UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential backoff "
         "and full jitter, up to 30 s apart, until the coordinator has been unreachable "
         "for `--max-outage` seconds, default 1800; the last checkpoint is kept; "
-        "`attack`: 30 failed rounds in a row; `status`: its Heartbeat got no answer within "
-        "`--timeout`, the local numbers are still shown)."
+        "`ftis-lab attack`: 30 failed rounds in a row; `status`: its Heartbeat got no "
+        "answer within `--timeout`, the local numbers are still shown)."
     ),
     ExitCode.CLIENT_MODEL_NOT_FOUND: (
         "`--model` is not an embedded alias, a `.gguf` file, a model directory or a hub "
@@ -115,7 +115,7 @@ EXIT_CODE_HELP: dict[int, str] = {
     ExitCode.CLIENT_REJECTED: (
         "The coordinator refused the node with an error code (e.g. `NODE_BANNED`, "
         "`REGISTRATION_INVALID`; docs/error-codes.md); the message names the code "
-        "(`attack`: only at registration or after 30 refused rounds in a row; `status`: "
+        "(`ftis-lab attack`: only at registration or after 30 refused rounds in a row; `status`: "
         "the Heartbeat was refused, e.g. `NODE_UNKNOWN` before the node's first `start`)."
     ),
     ExitCode.CLIENT_MEMORY_BUDGET: (
@@ -127,12 +127,12 @@ EXIT_CODE_HELP: dict[int, str] = {
         "lacks the memory available now waits for it instead, and says so)."
     ),
     ExitCode.CLIENT_SWARM_FAILED: (
-        "`demo`: the coordinator or a client it started failed or did not finish within "
+        "`ftis-lab demo`: the coordinator or a client it started failed or did not finish within "
         "`--timeout-min` (the report is still written when it can be); see `OUT/logs/`."
     ),
     ExitCode.CLIENT_FALSE_POSITIVE: (
-        "`security-experiment`: an honest node was quarantined or banned; `OUT/results.md` "
-        "names it."
+        "`ftis-lab security-experiment`: an honest node was quarantined or banned; "
+        "`OUT/results.md` names it."
     ),
     # ftis-admin (80-99)
     ExitCode.ADMIN_UNREACHABLE: (
@@ -181,8 +181,9 @@ _PROGRAM_INTRO: dict[str, str] = {
         "`ftis-coordinator serve` (also `python -m ftis.coordinator.cli.main serve`)."
     ),
     "ftis-client": (
-        "`ftis-client start`, `status`, `settings`, `demo`, `attack`, `security-experiment`, "
-        "`experiment` and `models list`."
+        "`ftis-client start`, `status`, `settings` and `models list`; also the research "
+        "tooling `ftis-lab demo`, `attack`, `security-experiment` and `experiment`, which "
+        "shares these codes."
     ),
     "ftis-admin": (
         "Operator CLI over the admin service (`--admin HOST:PORT`, env `FTIS_ADMIN`, "

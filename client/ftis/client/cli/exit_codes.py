@@ -1,4 +1,4 @@
-"""Old names of ``ftis-client``'s exit codes, kept for :mod:`ftis.client.attack.runner`.
+"""Old names of ``ftis-client``'s exit codes, kept for :mod:`ftis.lab.attack.runner`.
 
 The table is :class:`ftis.protocol.exit_codes.ExitCode` (docs/exit-codes.md); new code
 uses it directly. These aliases carry the new numbers (the client's codes moved to

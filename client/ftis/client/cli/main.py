@@ -1,4 +1,9 @@
-"""``ftis-client``: the volunteer CLI (one command per module)."""
+"""``ftis-client``: the volunteer CLI (one command per module).
+
+Volunteers get only :data:`VOLUNTEER_COMMANDS`; the research and security tooling (demo,
+experiment matrices, attackers) is the separate ``ftis-lab`` distribution, which this
+package never imports.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,10 @@ from typing import Annotated
 
 import typer
 
-from ftis.client.cli import attack, demo, experiment, models, settings, start, status
+from ftis.client.cli import models, settings, start, status
+
+#: Every command of ``ftis-client`` (a test holds the CLI to exactly these).
+VOLUNTEER_COMMANDS = ("start", "models", "settings", "status")
 
 app = typer.Typer(help="FTIS volunteer client.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -28,10 +36,6 @@ def _main(version: Annotated[bool, typer.Option(
 
 
 app.command("start")(start.start)
-app.command("demo")(demo.demo)
-app.command("attack")(attack.attack)
-app.command("security-experiment")(attack.security_experiment)
-app.command("experiment")(experiment.experiment)
 app.add_typer(models.app, name="models")
 app.add_typer(settings.app, name="settings")
 app.command("status")(status.status)

@@ -16,7 +16,7 @@ Two metrics per set:
   numbers.
 
 Per-prompt results are returned too, so that paired tests (McNemar for greedy, a
-sign-flip test for sampled; :mod:`ftis.client.experiment.stats`) can compare two
+sign-flip test for sampled; :mod:`ftis.lab.experiment.stats`) can compare two
 evaluations of the same prompts.
 """
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -119,6 +120,62 @@ def report_metrics(conn: SwarmConnection, step: int, stats: dict[str, float],
     return True
 
 
+class NodeHooks(Protocol):
+    """What a node does with each bundle it made and with its round's feedback.
+
+    Injected into :class:`VolunteerNode` (composition): a volunteer's node uses
+    :class:`HonestHooks`; ftis-lab's attackers pass an object of their own that changes
+    bundles, submits them differently or reports other feedback, while the node keeps
+    generating, learning and checkpointing as an honest one.
+    """
+
+    def bundle(self, honest: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
+               prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
+        """The bundle to submit for ``lease``, given the honest one
+        (:meth:`VolunteerNode.make_bundle`) and the prompt it was sampled from."""
+        ...
+
+    def submit(self, bundle: bundle_pb2.Bundle) -> swarm_pb2.SubmitBundleResponse | None:
+        """Sign and submit ``bundle``; the reply, or ``None`` when it was refused (the
+        node then does not learn from the group)."""
+        ...
+
+    def feedback(self, external: list[RolloutGroup],
+                 honest: list[swarm_pb2.SenderFeedback]) -> list[swarm_pb2.SenderFeedback]:
+        """The feedback to report for a step on ``external`` groups, given the honest
+        entries (:meth:`VolunteerNode.feedback`, already computed: the pool's rejection
+        counters are drained)."""
+        ...
+
+
+class HonestHooks:
+    """The volunteer's :class:`NodeHooks`: the honest bundle, submitted as is, and the
+    honest feedback.
+
+    Args:
+        connection: the node's registered :class:`SwarmConnection`.
+    """
+
+    def __init__(self, connection: SwarmConnection) -> None:
+        self.conn = connection
+
+    def bundle(self, honest: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
+               prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
+        return honest
+
+    def submit(self, bundle: bundle_pb2.Bundle) -> swarm_pb2.SubmitBundleResponse | None:
+        """Sign and submit; ``None`` when the coordinator rejected it (logged)."""
+        try:
+            return self.conn.submit_bundle(bundle)
+        except FtisError as exc:
+            log.warning("bundle for task %s rejected: %s", bundle.task_id, exc)
+            return None
+
+    def feedback(self, external: list[RolloutGroup],
+                 honest: list[swarm_pb2.SenderFeedback]) -> list[swarm_pb2.SenderFeedback]:
+        return honest
+
+
 class VolunteerNode:
     """Runs rounds for one policy against one coordinator.
 
@@ -126,12 +183,16 @@ class VolunteerNode:
         config: :class:`ClientConfig`.
         policy: the loaded model, tokenizer and card.
         connection: a registered :class:`SwarmConnection`.
+        hooks: what the node does with its bundles and feedback (default
+            :class:`HonestHooks`; ftis-lab's attackers inject their own).
     """
 
-    def __init__(self, config: ClientConfig, policy: Policy, connection: SwarmConnection) -> None:
+    def __init__(self, config: ClientConfig, policy: Policy, connection: SwarmConnection,
+                 hooks: NodeHooks | None = None) -> None:
         self.config = config
         self.policy = policy
         self.conn = connection
+        self.hooks: NodeHooks = hooks if hooks is not None else HonestHooks(connection)
         self.out = Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
         loss = LossConfig(
@@ -203,8 +264,9 @@ class VolunteerNode:
         bundle_bytes, bundle_tokens = 0, 0
         for lease, (prompt_ids, prompt_text), sampled in zip(
                 leases, prompts, result.completions, strict=True):
-            bundle = self.make_bundle(lease, prompt_ids, prompt_text, sampled)
-            reply = self.submit(bundle)
+            bundle = self.hooks.bundle(self.make_bundle(lease, prompt_ids, prompt_text, sampled),
+                                       lease, prompt_ids, prompt_text)
+            reply = self.hooks.submit(bundle)
             if reply is None:
                 stats["bundles_rejected"] = stats.get("bundles_rejected", 0.0) + 1
                 continue
@@ -240,14 +302,6 @@ class VolunteerNode:
             sampling=self.sampling.to_proto(), prompt_token_ids=prompt_ids,
             prompt_text=prompt_text, completions=completions,
             created_at_ms=int(time.time() * 1000))
-
-    def submit(self, bundle: bundle_pb2.Bundle) -> swarm_pb2.SubmitBundleResponse | None:
-        """Sign and submit; ``None`` when the coordinator rejected it (logged)."""
-        try:
-            return self.conn.submit_bundle(bundle)
-        except FtisError as exc:
-            log.warning("bundle for task %s rejected: %s", bundle.task_id, exc)
-            return None
 
     def feedback(self, external: list[RolloutGroup]) -> list[swarm_pb2.SenderFeedback]:
         """Per-sender statistics of this step for the coordinator's reputation system
@@ -298,7 +352,8 @@ class VolunteerNode:
         stats["updates"] = float(self.learner.updates)
         if self.startup_seconds is not None:  # first round of this process only
             stats["startup_seconds"], self.startup_seconds = self.startup_seconds, None
-        if not report_metrics(self.conn, self.round, stats, self.feedback(external)):
+        feedback = self.hooks.feedback(external, self.feedback(external))
+        if not report_metrics(self.conn, self.round, stats, feedback):
             stats["report_rate_limited"] = 1.0
         record = {"round": self.round, "node_id": self.conn.node_id, "model": cfg.model,
                   "peft": cfg.peft, "method": cfg.method, "time": time.time(), **stats,

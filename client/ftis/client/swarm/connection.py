@@ -9,7 +9,8 @@ exponential backoff and full jitter (:func:`backoff_delay`) for as long as
 and checkpoints. Submissions are idempotent from the coordinator's point of view (a
 lease is answered once), so a retried submission whose first attempt landed comes back
 as ``BUNDLE_REPLAYED``; a lease that expired during the outage comes back as
-``LEASE_EXPIRED``; the round loop drops both (:meth:`VolunteerNode.submit`).
+``LEASE_EXPIRED``; the round loop drops both
+(:meth:`~ftis.client.node.runner.HonestHooks.submit`).
 """
 
 from __future__ import annotations

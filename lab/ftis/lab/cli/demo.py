@@ -1,4 +1,4 @@
-"""``ftis-client demo``: a coordinator and two SmolLM2-135M clients (full fine-tune and
+"""``ftis-lab demo``: a coordinator and two SmolLM2-135M clients (full fine-tune and
 LoRA) on one machine, evaluated on held-out prompts before and after training; writes
 ``OUT/report.md``, ``OUT/report.json`` and ``OUT/rewards.png``.
 
@@ -37,7 +37,7 @@ from rich.console import Console
 from ftis.protocol.exit_codes import ExitCode
 
 if TYPE_CHECKING:
-    from ftis.client.experiment.launcher import Swarm
+    from ftis.lab.experiment.launcher import Swarm
 
 console = Console(stderr=True)
 
@@ -71,7 +71,7 @@ def demo(
     timeout_min: Annotated[float, typer.Option(help="give up after this many minutes")] = 60,
 ) -> None:
     """Run the two-client demo swarm, evaluate before/after and write the report."""
-    from ftis.client.experiment.launcher import ClientSpec, LaunchError, launch
+    from ftis.lab.experiment.launcher import ClientSpec, LaunchError, launch
 
     t0 = time.time()
     shutil.rmtree(out, ignore_errors=True)
@@ -138,8 +138,8 @@ def _warm_model_cache(model: str) -> None:
 def _follow(swarm: Swarm, out: Path, rounds: int, timeout_s: float) -> dict[str, int]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ftis.client.experiment.launcher import LaunchError
-    from ftis.client.experiment.report import read_metrics
+    from ftis.lab.experiment.launcher import LaunchError
+    from ftis.lab.experiment.report import read_metrics
 
     deadline = time.monotonic() + timeout_s
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -185,7 +185,7 @@ def plot_smoothed_rewards(runs: dict[str, list[dict]], path: Path, window: int) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ftis.client.experiment.demo_report import moving_average
+    from ftis.lab.experiment.demo_report import moving_average
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     for name, recs in runs.items():
@@ -209,12 +209,12 @@ def plot_smoothed_rewards(runs: dict[str, list[dict]], path: Path, window: int) 
 def write_report(out: Path, names: list[str], stats: dict, wall_s: float,
                  settings: dict) -> Path:
     """Write ``report.json``, ``report.md`` and ``rewards.png`` for the clients ``names``."""
-    from ftis.client.experiment.demo_report import (
+    from ftis.lab.experiment.demo_report import (
         ALPHA,
         client_comparison,
         demo_conclusion,
     )
-    from ftis.client.experiment.report import markdown_table, read_metrics
+    from ftis.lab.experiment.report import markdown_table, read_metrics
 
     runs = {n: read_metrics(out / n / "metrics.jsonl") for n in names}
     window = max(1, settings["rounds"] // 6)

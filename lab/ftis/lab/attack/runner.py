@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ftis.client.attack.nodes import NODE_CLASSES, AttackLog, AttackOptions, code_label
+from ftis.lab.attack.nodes import NODE_CLASSES, AttackLog, AttackOptions, code_label
 
 log = logging.getLogger(__name__)
 #: Rounds in a row that may fail before the attacker gives up.

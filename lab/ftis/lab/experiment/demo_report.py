@@ -7,7 +7,7 @@ module pairs the two evaluations prompt by prompt and tests the change:
 * the **primary** metric, fixed before any demo was run: sampled pass@1 (the mean
   reward of k completions per prompt at the training temperature) of the full
   fine-tune client, two-sided sign-flip test over prompts
-  (:func:`~ftis.client.experiment.stats.paired_comparison`);
+  (:func:`~ftis.lab.experiment.stats.paired_comparison`);
 * secondary, for every client: greedy pass@1 with McNemar's exact test, and the
   sampled metric with the same paired test as the primary.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from ftis.client.experiment.stats import mcnemar_exact, paired_comparison
+from ftis.lab.experiment.stats import mcnemar_exact, paired_comparison
 
 ALPHA = 0.05
 

@@ -1,12 +1,13 @@
-"""Adversarial volunteers for security experiments (``ftis-client attack``).
+"""Adversarial volunteers for security experiments (``ftis-lab attack``).
 
 Each attacker is a real client process with its own Ed25519 key speaking the real
 protocol; what it sends and the codes it gets back go to ``OUT/attack.jsonl``.
 
-- :mod:`ftis.client.attack.mutations`: pure bundle/feedback forgeries (unit-tested).
-- :mod:`ftis.client.attack.nodes`: :class:`~ftis.client.node.runner.VolunteerNode`
-  subclasses (one per kind) and the attack log.
-- :mod:`ftis.client.attack.runner`: builds and runs the node of a kind.
+- :mod:`ftis.lab.attack.mutations`: pure bundle/feedback forgeries (unit-tested).
+- :mod:`ftis.lab.attack.nodes`: one attacker class per kind, each wrapping an honest
+  :class:`~ftis.client.node.runner.VolunteerNode` by composition (injected as its
+  :class:`~ftis.client.node.runner.NodeHooks`), and the attack log.
+- :mod:`ftis.lab.attack.runner`: builds and runs the node of a kind.
 """
 
 #: Every attack kind; ``honest`` is the unmodified client with the same logging (control).

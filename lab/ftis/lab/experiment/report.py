@@ -89,7 +89,7 @@ def plot_rewards(runs: dict[str, list[dict]], path: Path, title: str = "") -> Pa
 
 
 # ------------------------------------------------------------------ arms analysis
-# Seed-paired comparisons of experiment arms (see ftis.client.experiment.matrix): the
+# Seed-paired comparisons of experiment arms (see ftis.lab.experiment.matrix): the
 # gates' filtered/truncated shares per arm, contrasts with a sign-flip test, a bootstrap
 # interval and Holm's adjustment, and the paired seeds needed for a target power.
 
@@ -221,7 +221,7 @@ def paired_contrasts(items: list[dict], seed: int = 0) -> list[dict]:
         ``p`` (two-sided sign-flip test, exact up to 16 seeds) and ``p_holm`` (``None``
         where there is no pair; those do not count in the family).
     """
-    from ftis.client.experiment.stats import holm, paired_comparison
+    from ftis.lab.experiment.stats import holm, paired_comparison
 
     out = []
     for it in items:
@@ -244,9 +244,9 @@ def paired_contrasts(items: list[dict], seed: int = 0) -> list[dict]:
 def seeds_needed(sd_diff: float, effect: float, power: float, alpha: float,
                  family: int) -> int:
     """Paired seeds to detect ``effect`` with ``power`` when Holm runs over ``family``
-    contrasts: :func:`~ftis.client.experiment.stats.pairs_for_power` at ``alpha / family``,
+    contrasts: :func:`~ftis.lab.experiment.stats.pairs_for_power` at ``alpha / family``,
     the level of Holm's first step (so the power holds for every contrast)."""
-    from ftis.client.experiment.stats import pairs_for_power
+    from ftis.lab.experiment.stats import pairs_for_power
 
     return pairs_for_power(sd_diff, effect, alpha=alpha / family, power=power)
 

@@ -1,7 +1,15 @@
-"""Attacking volunteers: :class:`VolunteerNode` subclasses, one per attack kind.
+"""Attacking volunteers, one class per attack kind, each wrapping an honest node.
 
-Every node (the ``honest`` control included) seals and submits its bundles itself so it
-can record, per submission, what it sent and the code it got back, and whether the
+An attacker is not a :class:`VolunteerNode` subclass: it owns one (``self.node``) and is
+injected into it as its :class:`~ftis.client.node.runner.NodeHooks` (composition), so the
+node generates, learns and checkpoints as a volunteer's would while the attacker decides
+what each bundle becomes (:meth:`AttackNode.bundle`), how it is submitted
+(:meth:`AttackNode.submit`) and what feedback is reported (:meth:`AttackNode.feedback`).
+Attackers that run no model (flooder, garbage, sybil_burst, answer_computer) replace the
+round with their own :meth:`AttackNode.run_round` and drive the connection directly.
+
+Every attacker (the ``honest`` control included) seals and submits its bundles itself so
+it can record, per submission, what it sent and the code it got back, and whether the
 coordinator had it quarantined just before (from a heartbeat); it also records the
 relayed bundles its learner used (``received`` events), so an experiment can tell
 exactly which attacker bundles reached honest learners.
@@ -21,11 +29,10 @@ from typing import Any
 
 import grpc
 
-from ftis.client.attack import mutations
 from ftis.client.learner.loss import LossConfig
 from ftis.client.node.runner import RoundResult, VolunteerNode
 from ftis.client.rollout.groups import RolloutGroup
-from ftis.client.rollout.sampler import SampledCompletion
+from ftis.lab.attack import mutations
 from ftis.protocol.bundles import MAX_BUNDLE_BYTES, MAX_GRPC_MESSAGE_BYTES
 from ftis.protocol.envelope import open_envelope, seal
 from ftis.protocol.errors import ErrorCode, FtisError, code_name
@@ -38,7 +45,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AttackOptions:
-    """Kind-specific knobs (``ftis-client attack`` options)."""
+    """Kind-specific knobs (``ftis-lab attack`` options)."""
 
     inflate_factor: float = 0.05
     deflate_nats: float = 5.0
@@ -102,10 +109,16 @@ def code_label(code: int | str) -> str:
     return code if isinstance(code, str) else ("OK" if code == 0 else code_name(code))
 
 
-class AttackNode(VolunteerNode):
+class AttackNode:
     """The honest client plus logging; subclasses override :meth:`mutate` (or more).
 
+    Owns a :class:`VolunteerNode` built with this object as its hooks; ``conn``,
+    ``policy``, ``config``, ``pool`` and ``round`` read through to that node.
+
     Args:
+        config: the client settings (a ``ClientConfig``).
+        policy: the loaded model, tokenizer and card.
+        connection: a registered ``SwarmConnection``.
         attack_log: where events go.
         options: kind-specific knobs.
     """
@@ -114,13 +127,35 @@ class AttackNode(VolunteerNode):
 
     def __init__(self, config: Any, policy: Any, connection: Any, attack_log: AttackLog,
                  options: AttackOptions | None = None) -> None:
-        super().__init__(config, policy, connection)
         self.attack_log = attack_log
         self.options = options or AttackOptions()
         self.rng = random.Random(self.options.seed)
         self.accepted_envelopes: list[bundle_pb2.SignedEnvelope] = []
         self.lease_index = 0  # leases seen in the current round
         self._variant = "own"
+        self.node = VolunteerNode(config, policy, connection, hooks=self)
+
+    # -- the wrapped node ----------------------------------------------------------------
+    @property
+    def conn(self) -> Any:
+        return self.node.conn
+
+    @property
+    def policy(self) -> Any:
+        return self.node.policy
+
+    @property
+    def config(self) -> Any:
+        return self.node.config
+
+    @property
+    def pool(self) -> Any:
+        return self.node.pool
+
+    @property
+    def round(self) -> int:
+        """Rounds done (the node's counter)."""
+        return self.node.round
 
     # -- helpers ---------------------------------------------------------------------
     def log(self, event: str, **fields: Any) -> None:
@@ -147,15 +182,15 @@ class AttackNode(VolunteerNode):
             self.accepted_envelopes = [*self.accepted_envelopes[-63:], envelope]
         return reply
 
-    # -- VolunteerNode hooks -------------------------------------------------------------
     def mutate(self, bundle: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
                prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
         """The attack on one honest bundle (identity for ``honest``)."""
         return bundle
 
-    def make_bundle(self, lease: swarm_pb2.TaskLease, prompt_ids: list[int], prompt_text: str,
-                    sampled: list[SampledCompletion]) -> bundle_pb2.Bundle:
-        honest = super().make_bundle(lease, prompt_ids, prompt_text, sampled)
+    # -- NodeHooks (injected into self.node) ---------------------------------------------
+    def bundle(self, honest: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
+               prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
+        """The node's honest bundle for ``lease`` through :meth:`mutate`."""
         self._variant = self.kind
         out = self.mutate(honest, lease, prompt_ids, prompt_text)
         self.lease_index += 1
@@ -165,14 +200,18 @@ class AttackNode(VolunteerNode):
         return self.send(seal("bundle", bundle, self.conn.identity), self._variant,
                          bundle.task_id)
 
-    def feedback(self, external: list[RolloutGroup]) -> list[swarm_pb2.SenderFeedback]:
+    def feedback(self, external: list[RolloutGroup],
+                 honest: list[swarm_pb2.SenderFeedback]) -> list[swarm_pb2.SenderFeedback]:
+        """Logs the relayed bundles the learner used; reports the honest feedback."""
         self.log("received", bundle_ids=[g.meta.get("bundle_id", "") for g in external],
                  senders=[g.sender for g in external])
-        return super().feedback(external)
+        return honest
 
+    # -- rounds ------------------------------------------------------------------------
     def run_round(self) -> RoundResult:
+        """One round of the wrapped node (attackers without a model override this)."""
         self.lease_index = 0
-        return super().run_round()
+        return self.node.run_round()
 
 
 class RewardLiarNode(AttackNode):
@@ -291,9 +330,8 @@ class ReplayNode(AttackNode):
             return "copy_verbatim"
         return "copy_own_prompt"
 
-    def make_bundle(self, lease: swarm_pb2.TaskLease, prompt_ids: list[int], prompt_text: str,
-                    sampled: list[SampledCompletion]) -> bundle_pb2.Bundle:
-        honest = VolunteerNode.make_bundle(self, lease, prompt_ids, prompt_text, sampled)
+    def bundle(self, honest: bundle_pb2.Bundle, lease: swarm_pb2.TaskLease,
+               prompt_ids: list[int], prompt_text: str) -> bundle_pb2.Bundle:
         variant = self.variant(self.lease_index)
         self.lease_index += 1
         self._variant = variant
@@ -350,8 +388,9 @@ class FalseReporterNode(AttackNode):
         super().__init__(*args, **kwargs)
         self.heard: dict[str, list[str]] = {}
 
-    def feedback(self, external: list[RolloutGroup]) -> list[swarm_pb2.SenderFeedback]:
-        super().feedback(external)  # logs, drains the pool's counters
+    def feedback(self, external: list[RolloutGroup],
+                 honest: list[swarm_pb2.SenderFeedback]) -> list[swarm_pb2.SenderFeedback]:
+        super().feedback(external, honest)  # logs (the node drained the pool's counters)
         received: dict[str, list[str]] = {}
         for g in [*external, *self.pool.groups]:
             received.setdefault(g.sender, []).append(g.meta.get("bundle_id", ""))
@@ -394,8 +433,9 @@ class SybilFeedbackNode(AttackNode):
         self.log("sybil_ring", registered=[i.node_id for i in self.ring],
                  register_codes=dict(codes))
 
-    def feedback(self, external: list[RolloutGroup]) -> list[swarm_pb2.SenderFeedback]:
-        own = super().feedback(external)
+    def feedback(self, external: list[RolloutGroup],
+                 honest: list[swarm_pb2.SenderFeedback]) -> list[swarm_pb2.SenderFeedback]:
+        own = super().feedback(external, honest)
         if not self.ring:
             self._register_ring()
         received: dict[str, list[str]] = {}
@@ -464,7 +504,7 @@ class FlooderNode(AttackNode):
         self.log("flood", seconds=opts.flood_seconds, lease_codes=dict(lease_codes),
                  submit_codes=dict(submit_codes))
         self._oversized()
-        self.round += 1
+        self.node.round += 1
         return RoundResult(self.round, {"submitted": float(sum(submit_codes.values()))})
 
     def _oversized(self) -> None:
@@ -538,7 +578,7 @@ class AnswerComputerNode(AttackNode):
             reply = self.send(seal("bundle", bundle, self.conn.identity), self.kind,
                               lease.task_id)
             submitted += reply is not None
-        self.round += 1
+        self.node.round += 1
         return RoundResult(self.round, {"submitted": float(submitted),
                                         "skipped": float(skipped)})
 
@@ -577,7 +617,7 @@ class GarbageNode(AttackNode):
         code, _, leases = call_code(self.conn.lease_tasks, 1, cfg.group_size, cfg.max_new_tokens)
         if code == ErrorCode.NODE_BANNED:
             self._log("LeaseTasks", "lease", code, "")
-            self.round += 1
+            self.node.round += 1
             return RoundResult(self.round, {})
         if code == 0:
             lease = leases[0]
@@ -617,7 +657,7 @@ class GarbageNode(AttackNode):
         code, reason, _ = call_code(self.conn.report_metrics, self.round + 1,
                                     {"x": float("inf")}, [fb])
         self._log("ReportMetrics", "nan_feedback_unknown_sender", code, reason)
-        self.round += 1
+        self.node.round += 1
         return RoundResult(self.round, {})
 
     @staticmethod
@@ -669,7 +709,7 @@ class SybilBurstNode(AttackNode):
         self.log("sybil", attempted=self.options.sybils, seconds=time.monotonic() - t0,
                  register_codes=dict(reg_codes), lease_codes=dict(lease_codes),
                  admitted=admitted, leased=leased)
-        self.round += 1
+        self.node.round += 1
         return RoundResult(self.round, {"admitted": float(len(admitted))})
 
     _in_band = staticmethod(GarbageNode._in_band)

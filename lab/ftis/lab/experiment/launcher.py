@@ -1,6 +1,6 @@
 """Start a coordinator and volunteer clients as separate processes on loopback.
 
-Used by ``ftis-client demo`` and the integration tests. Each process writes its log to
+Used by ``ftis-lab demo`` and the integration tests. Each process writes its log to
 ``OUT/logs/NAME.log``; the coordinator binds port 0 and reports its ports through a
 ready file, so several swarms can run side by side.
 """
@@ -103,13 +103,18 @@ def start_coordinator(out: Path, extra_args: list[str] | None = None,
     return proc, info["listen"], info["admin"]
 
 
-def _start_node(swarm: Swarm, spec: ClientSpec, command: list[str],
+#: The CLI module of each program a swarm node runs: honest volunteers are the
+#: volunteers' own ``ftis-client``; attackers are ``ftis-lab attack``.
+CLIENT_CLI, LAB_CLI = "ftis.client.cli.main", "ftis.lab.cli.main"
+
+
+def _start_node(swarm: Swarm, spec: ClientSpec, cli: str, command: list[str],
                 threads: int | None) -> subprocess.Popen:
-    """Start ``ftis-client COMMAND...`` for ``spec``: ``OUT/NAME/`` holds its key and
-    outputs, ``OUT/logs/NAME.log`` its log."""
+    """Start ``python -m CLI COMMAND...`` (``cli``: :data:`CLIENT_CLI` or :data:`LAB_CLI`)
+    for ``spec``: ``OUT/NAME/`` holds its key and outputs, ``OUT/logs/NAME.log`` its log."""
     out = swarm.out / spec.name
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "ftis.client.cli.main", *command,
+    cmd = [sys.executable, "-m", cli, *command,
            "--coordinator", swarm.listen, "--out", str(out),
            "--key-file", str(out / "node_key.pem"), *spec.args]
     if threads:
@@ -122,7 +127,7 @@ def _start_node(swarm: Swarm, spec: ClientSpec, command: list[str],
 
 def start_client(swarm: Swarm, spec: ClientSpec, threads: int | None = 1) -> subprocess.Popen:
     """Start ``ftis-client start`` for ``spec`` against ``swarm``'s coordinator."""
-    return _start_node(swarm, spec, ["start"], threads)
+    return _start_node(swarm, spec, CLIENT_CLI, ["start"], threads)
 
 
 def launch(out: Path, clients: list[ClientSpec], threads_per_client: int | None = 1,
@@ -141,9 +146,9 @@ def launch(out: Path, clients: list[ClientSpec], threads_per_client: int | None 
 
 def start_attacker(swarm: Swarm, spec: ClientSpec, kind: str,
                    threads: int | None = 1) -> subprocess.Popen:
-    """Start ``ftis-client attack --kind KIND`` for ``spec`` against ``swarm``'s coordinator.
+    """Start ``ftis-lab attack --kind KIND`` for ``spec`` against ``swarm``'s coordinator.
 
     Same layout as :func:`start_client`: ``OUT/NAME/`` (key, metrics, ``attack.jsonl``)
     and ``OUT/logs/NAME.log``; ``spec.args`` takes ``start`` flags and attack options.
     """
-    return _start_node(swarm, spec, ["attack", "--kind", kind], threads)
+    return _start_node(swarm, spec, LAB_CLI, ["attack", "--kind", kind], threads)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from coordinator_helpers import (
+from ftis.lab.harness.coordinator import (
     FP_A,
     FP_B,
     VOCAB,
@@ -46,7 +46,6 @@ from coordinator_helpers import (
     register_with_tokenizer,
     snapshot,
 )
-
 from ftis.protocol.bundles import (
     MAX_TEXT_CHARS_PER_TOKEN,
     BundleLimits,
@@ -384,7 +383,7 @@ class FuzzWorld:
     * ``stranger``: never registered.
 
     With ``tokenized=True`` the coordinator requires uploaded tokenizers, ``node`` and
-    ``other`` register the real test tokenizer (``coordinator_helpers.tokenizer_json``)
+    ``other`` register the real test tokenizer (``ftis.lab.harness.coordinator.tokenizer_json``)
     and valid bundles are its encodings, so the text and prompt checks (TEXT_MISMATCH,
     PROMPT_MISMATCH, proof and automatic ban) are reached; otherwise token ids are
     random and no tokenizer is known (text checks skipped, as with
@@ -401,12 +400,13 @@ class FuzzWorld:
         self.snapshot = snapshot_fn
         self.clock = FakeClock()
         self.max_new_tokens = MAX_NEW_TOKENS_TOKENIZED if tokenized else MAX_NEW_TOKENS
+        extra: dict[str, Any] = {"require_tokenizer": True} if tokenized else {}
         self.coord = make_coordinator(
             self.clock,
             max_bundle_bytes=FUZZ_MAX_BUNDLE_BYTES,
             max_outstanding_leases=1_000_000,
             max_new_tokens_limit=max(self.max_new_tokens),
-            **({"require_tokenizer": True} if tokenized else {}),
+            **extra,
         )
         if tokenized:
             self.tokenizer = load_tokenizer()
@@ -525,7 +525,7 @@ class FuzzWorld:
 
 
 def fast_snapshot(coordinator: Any) -> dict:
-    """The rows of nodes, leases and bundles like ``coordinator_helpers.snapshot`` (same
+    """The rows of nodes, leases and bundles like ``ftis.lab.harness.coordinator.snapshot`` (same
     tables, same sorted-tuple shape, the ``_allowed_proof_change`` logic works on both),
     but values are kept as they come from SQLite instead of being JSON-encoded one by
     one: about 3x cheaper, for the 100k-example benchmark."""
@@ -677,7 +677,7 @@ def m_prompt_question(b: bundle_pb2.Bundle, draw: Draw, ctx: Ctx) -> None:
         del ids[:]
         ids.extend(made_up)
     elif ctx.world.tokenizer is not None:
-        from coordinator_helpers import chat_prompt
+        from ftis.lab.harness.coordinator import chat_prompt
 
         ids[:] = ctx.world.tokenizer.encode(chat_prompt("What is 1 + 1?")).ids
 

@@ -1,4 +1,4 @@
-"""``ftis-client experiment --config FILE``: run an experiment matrix on this machine."""
+"""``ftis-lab experiment --config FILE``: run an experiment matrix on this machine."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def experiment(
     """Methods × seeds × pairings × local/external mixes, each cell a real local swarm."""
     from pydantic import ValidationError
 
-    from ftis.client.experiment.matrix import ExperimentConfig, run_experiment
+    from ftis.lab.experiment.matrix import ExperimentConfig, run_experiment
 
     try:
         cfg = ExperimentConfig.load(config)

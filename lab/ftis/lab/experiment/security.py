@@ -16,7 +16,7 @@ and measures:
 - **harm**: the honest learners' mean verified reward per round against an attack-free
   baseline run with the same seeds.
 
-Honest clients run as ``ftis-client attack --kind honest``: the unmodified
+Honest clients run as ``ftis-lab attack --kind honest``: the unmodified
 :class:`~ftis.client.node.runner.VolunteerNode` plus a log of the bundle ids its learner
 used (``attack.jsonl``), which ``metrics.jsonl`` does not record.
 
@@ -37,16 +37,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftis.client.attack import ATTACK_KINDS
-from ftis.client.attack.nodes import read_attack_log
-from ftis.client.experiment.launcher import (
+from ftis.lab.attack import ATTACK_KINDS
+from ftis.lab.attack.nodes import read_attack_log
+from ftis.lab.experiment.launcher import (
     ClientSpec,
     LaunchError,
     Swarm,
     start_attacker,
     start_coordinator,
 )
-from ftis.client.experiment.report import read_metrics
+from ftis.lab.experiment.report import read_metrics
 
 HONEST = ("honest-a", "honest-b")
 #: Codes each kind is expected to draw (documentation and the integration test).
@@ -80,7 +80,7 @@ class SecuritySettings:
         model: client model; ``None`` builds a tiny random model in ``out/tiny-model``.
         config: coordinator ``--config`` file; ``None`` writes ``letter_counting``.
         baseline: also run an attack-free swarm.
-        attack_args: extra ``ftis-client attack`` flags per kind.
+        attack_args: extra ``ftis-lab attack`` flags per kind.
     """
 
     out: Path

@@ -1,4 +1,4 @@
-"""``ftis-client attack --kind KIND``: a misbehaving volunteer for security experiments.
+"""``ftis-lab attack --kind KIND``: a misbehaving volunteer for security experiments.
 
 Takes every flag of ``ftis-client start`` (the signature is copied from it, so the two
 never drift) plus kind-specific options; logs what it sends and the codes it gets back
@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from ftis.client.attack import KINDS
 from ftis.client.cli import start
+from ftis.lab.attack import KINDS
 from ftis.protocol.exit_codes import ExitCode
 
 console = Console(stderr=True)
@@ -66,9 +66,9 @@ def _attack(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from pydantic import ValidationError
 
-    from ftis.client.attack.nodes import AttackOptions
-    from ftis.client.attack.runner import run_attack
     from ftis.client.node.config import ClientConfig
+    from ftis.lab.attack.nodes import AttackOptions
+    from ftis.lab.attack.runner import run_attack
 
     if kind not in KINDS:
         console.print(f"[red]unknown kind {kind!r}[/red]; one of {', '.join(KINDS)}")
@@ -135,8 +135,8 @@ def security_experiment(
         help="run nothing: rebuild the table and plot from the runs already in OUT")] = False,
 ) -> None:
     """Attack a local swarm kind by kind; write results.jsonl, results.md and rewards.png."""
-    from ftis.client.attack import ATTACK_KINDS
-    from ftis.client.experiment import security
+    from ftis.lab.attack import ATTACK_KINDS
+    from ftis.lab.experiment import security
 
     names = list(ATTACK_KINDS) if kinds.strip() == "all" else [
         k.strip() for k in kinds.split(",") if k.strip()]

@@ -180,9 +180,10 @@ def verify_only(coord: Coordinator, envelope: Any) -> Any:
     opened = open_bundle(envelope, max_bundle_bytes=coord.config.max_bundle_bytes)
     snap = coord.state.submission_snapshot(opened.sender_id, opened.bundle.task_id,
                                            opened.bundle_id, now, now)
-    tok = coord.tokenizers.get(snap.node.fingerprint) if snap.node else None
+    fingerprint = snap.node.fingerprint if snap.node else None
+    tok = coord.tokenizers.get(fingerprint) if fingerprint is not None else None
     return check_submission(opened, snap, now_ms=now, tokenizer=tok,
-                            tokenizer_fingerprint=snap.node.fingerprint if tok else None)
+                            tokenizer_fingerprint=fingerprint if tok else None)
 
 
 def make_coordinator(

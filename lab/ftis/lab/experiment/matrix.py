@@ -1,6 +1,6 @@
 """Experiment matrices: arms × seeds × pairings, each cell a real local swarm.
 
-Two ways to write a matrix (``ftis-client experiment --config FILE``):
+Two ways to write a matrix (``ftis-lab experiment --config FILE``):
 
 * **Arms** (``"arms": [...]``): each arm names the learner's method, its local groups I,
   external groups J and extra client flags, e.g. ``alone`` (on_policy, I, J = 0),
@@ -41,10 +41,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from ftis.client.experiment import report
-from ftis.client.experiment.launcher import ClientSpec, launch
-from ftis.client.experiment.report import read_metrics
 from ftis.client.node.evaluation import EvalConfig
+from ftis.lab.experiment import report
+from ftis.lab.experiment.launcher import ClientSpec, launch
+from ftis.lab.experiment.report import read_metrics
 from ftis.tasks.source import DEFAULT_TASKS, TaskSpec
 
 #: "alone" is on_policy training on local rollouts only (external groups 0).
@@ -168,7 +168,7 @@ class PowerSettings(BaseModel):
 
 
 class ExperimentConfig(BaseModel):
-    """An experiment matrix (``ftis-client experiment --config FILE``, JSON or TOML)."""
+    """An experiment matrix (``ftis-lab experiment --config FILE``, JSON or TOML)."""
 
     id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                            description="short name: the folder of its committed results")

@@ -1,0 +1,1 @@
+"""``ftis-lab`` commands, one per module."""

@@ -1,0 +1,1 @@
+"""In-process test harnesses: a coordinator on a fake clock and the fuzzers built on it."""
