@@ -11,7 +11,7 @@ Two measurements, both against the held base weights:
   at. Round 0 is the untrained policy; later rounds show how the statistic grows as the
   volunteer's policy moves away from the held weights.
 * **fabricated:** a model-less node that computes each leased answer
-  (``tests/trust_swarm.answer_of``) and writes it the way SmolLM2 does, with three
+  (``ftis.lab.harness.trust_swarm.answer_of``) and writes it the way SmolLM2 does, with three
   claims: a constant -0.7 nats/token; the median of the true log-probs over all its
   fabricated bundles (one constant that fits the whole set, which the node cannot know
   without the model); and, per bundle, the median of that bundle's true log-probs (the
@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 MODEL = "smollm2-135m"
 TASKS = [{"dataset": "products", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1,

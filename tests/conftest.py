@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-# tests/ on sys.path so tests share trust_swarm.py and script_loader.py
+# tests/ on sys.path so tests share script_loader.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from trust_swarm import running_swarm
 
 from ftis.client.swarm.connection import RetryPolicy, SwarmConnection
+from ftis.lab.harness.trust_swarm import running_swarm
 from ftis.protocol.envelope import seal
 from ftis.protocol.errors import ErrorCode
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from coordinator_helpers import make_config
-from trust_swarm import MAX_NEW_TOKENS, Node, answer_of, now_ms
 
 from ftis.client.models.loader import Policy, load_policy
 from ftis.client.rollout.sampler import SamplingSettings, sample_groups
 from ftis.coordinator import reputation
 from ftis.coordinator.server.app import CoordinatorServer
+from ftis.lab.harness.coordinator import make_config
+from ftis.lab.harness.trust_swarm import MAX_NEW_TOKENS, Node, answer_of, now_ms
 from ftis.protocol.errors import ErrorCode
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import bundle_pb2, swarm_pb2_grpc

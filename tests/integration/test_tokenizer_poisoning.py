@@ -22,12 +22,12 @@ from typing import Any
 
 import grpc
 import pytest
-from trust_swarm import Node, now_ms
 
 from ftis.coordinator import reputation
 from ftis.coordinator.server.app import CoordinatorServer
 from ftis.coordinator.tokenizer_store import check_upload
 from ftis.lab.harness.coordinator import make_config, model_card, signed
+from ftis.lab.harness.trust_swarm import Node, now_ms
 from ftis.protocol.errors import ErrorCode
 from ftis.protocol.fingerprint import tokenizer_fingerprint
 from ftis.protocol.identity import NodeIdentity

@@ -18,15 +18,6 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import unknown_fields
-from trust_swarm import (
-    MAX_NEW_TOKENS,
-    TIMEOUT_S,
-    G,
-    Node,
-    Swarm,
-    now_ms,
-    running_swarm,
-)
 
 from ftis.coordinator.server.convert import _length_delimited
 from ftis.lab.harness.coordinator import (
@@ -36,6 +27,15 @@ from ftis.lab.harness.coordinator import (
     signed,
     tokenizer_fp,
     tokenizer_json,
+)
+from ftis.lab.harness.trust_swarm import (
+    MAX_NEW_TOKENS,
+    TIMEOUT_S,
+    G,
+    Node,
+    Swarm,
+    now_ms,
+    running_swarm,
 )
 from ftis.protocol.bundles import PROMPT_TEMPLATE_SLACK, prompt_limits
 from ftis.protocol.envelope import open_envelope, seal, signing_digest

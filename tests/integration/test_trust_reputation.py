@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trust_swarm import Node, Swarm, running_swarm
 
 from ftis.coordinator.state.sql import SqlState
+from ftis.lab.harness.trust_swarm import Node, Swarm, running_swarm
 from ftis.protocol.errors import ErrorCode
 from ftis.tasks.source import TaskSpec
 from ftis.v1 import swarm_pb2

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from trust_swarm import Node, Swarm, running_swarm
 
 from ftis.client.learner.trainer import Learner, LearnerConfig
 from ftis.client.node.runner import sender_feedback
 from ftis.client.swarm.external_pool import ExternalPool
 from ftis.coordinator import reputation
 from ftis.lab.harness.coordinator import VOCAB, load_tokenizer, tokenizer_fp
+from ftis.lab.harness.trust_swarm import Node, Swarm, running_swarm
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 pytestmark = pytest.mark.integration

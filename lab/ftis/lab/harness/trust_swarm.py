@@ -173,10 +173,10 @@ class Swarm:
         pulled = self.honest_b.pull()
         ids = [b.bundle_id for b in pulled.bundles if b.bundle_id in self.stored]
         assert ids == self.stored, "the relay must carry A's verified bundles"
-        reply = self.honest_b.report(swarm_pb2.SenderFeedback(
+        report = self.honest_b.report(swarm_pb2.SenderFeedback(
             sender_node_id=self.honest_a.node_id, groups=1, tokens=20, mean_log_ratio=-0.2,
             filtered_frac=0.0, truncated_frac=0.0, bundle_ids=[ids[-1]]))
-        assert reply.error.code == 0 and not reply.dropped_feedback, reply
+        assert report.error.code == 0 and not report.dropped_feedback, report
 
     def stored_by(self, node: Node) -> list[str]:
         """Bundle ids the coordinator stored for ``node``."""
