@@ -221,3 +221,47 @@ def test_start_refuses_or_waits_for_a_round_that_does_not_fit(tmp_path, tiny_mod
         assert [r["round"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
     finally:
         coord.stop()
+
+
+def test_node_registers_again_after_the_coordinator_lost_its_database(
+        tmp_path, tiny_model_dir, tiny_policy_factory):
+    """An operator resets the coordinator (a fresh database on the same address): the
+    node's next call gets NODE_UNKNOWN, it registers again and re-uploads its tokenizer
+    by itself, and its rounds go on under the same identity."""
+    coord = Coordinator(tmp_path, _config(tmp_path))
+    coord.start()
+    out, key = tmp_path / "node", tmp_path / "node" / "node_key.pem"
+    try:
+        policy = tiny_policy_factory()
+        identity = NodeIdentity.load_or_create(key)
+        cfg = ClientConfig(coordinator=coord.target, model=str(tiny_model_dir), rounds=4,
+                           local_groups=2, external_groups=0, group_size=4,
+                           max_new_tokens=8, learning_rate=1e-3, out=out, key_file=key)
+        conn = SwarmConnection(coord.target, identity, policy.card,
+                               tokenizer_json=policy.tokenizer_json,
+                               retry=RetryPolicy(base_s=0.05, cap_s=0.5, max_outage_s=60),
+                               rng=random.Random(0))
+        conn.register()
+        node = VolunteerNode(cfg, policy, conn)
+
+        def on_round(result) -> None:  # noqa: ANN001
+            if result.round == 2:  # the database is gone; same address, same config
+                coord.kill()
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{coord.db}{suffix}").unlink(missing_ok=True)
+                coord.start()
+
+        node.run(on_round)
+        conn.close()
+
+        records = read_metrics(out / "metrics.jsonl")
+        assert [r["round"] for r in records] == [1, 2, 3, 4]
+        assert [r["bundles_submitted"] for r in records] == [2, 2, 2, 2]
+        assert conn.reregistrations == 1
+        # the new database knows the node again, with its tokenizer, and stored rounds 3-4
+        assert coord.query("SELECT node_id FROM nodes") == [(identity.node_id,)]
+        assert coord.query("SELECT count(*) FROM tokenizers")[0][0] == 1
+        assert coord.query("SELECT count(*) FROM bundles WHERE node_id = ?",
+                           identity.node_id)[0][0] == 4
+    finally:
+        coord.stop()

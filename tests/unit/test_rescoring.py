@@ -52,6 +52,7 @@ def test_pooled_rescore_equals_inline(pool: RescoringPool) -> None:
 
 def test_a_rescore_past_its_budget_is_a_coded_rejection() -> None:
     slow = RescoringPool(workers=1, budget_s=1e-4)
+    slow.start(wait_s=60)  # a warm worker: the alarm, not the wait, must decide
     try:
         texts = ["1 " * 65_000] * 3  # ~ms each: far past 0.1 ms
         with pytest.raises(FtisError) as info:
@@ -85,3 +86,20 @@ def test_bad_settings_are_refused() -> None:
         RescoringPool(workers=-1)
     with pytest.raises(ValueError):
         RescoringPool(budget_s=0)
+
+
+def test_no_answer_in_time_is_busy_and_never_charged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving thread's wait covers the queue and a cold worker's start-up, which
+    are not the sender's doing: past it the answer is VERIFICATION_BUSY, not the
+    charged SCORING_TIMEOUT."""
+    monkeypatch.setattr(rescoring, "GRACE_S", 0.0)
+    cold = RescoringPool(workers=1, budget_s=1e-3)  # not started: spawning takes > 1 ms
+    try:
+        with pytest.raises(FtisError) as info:
+            cold.rescore(_lease(), _bundle(["<answer>3</answer>"], [None]))
+        assert info.value.code == ErrorCode.VERIFICATION_BUSY
+    finally:
+        cold.close()
+    from ftis.coordinator.handlers.bundles import _UNCHARGED
+
+    assert ErrorCode.VERIFICATION_BUSY in _UNCHARGED

@@ -9,8 +9,12 @@ worker processes (``spawn``: no fork of a threaded gRPC server) and bounds it:
   ``budget_s``; the bundle is then rejected with SCORING_TIMEOUT (the node pays −1, as
   for any rejection);
 * the serving thread waits at most ``budget_s`` + :data:`GRACE_S` for its result (a
-  worker stuck inside C code cannot be interrupted by the alarm), then also answers
-  SCORING_TIMEOUT;
+  worker stuck inside C code cannot be interrupted by the alarm), then answers
+  VERIFICATION_BUSY, which is charged to no one: that wait includes the queue behind
+  other nodes' bundles (an attacker's expensive ones among them) and, right after a
+  start, the worker's own start-up, neither of which is the sender's doing;
+* :meth:`RescoringPool.start` can wait for the workers to import the scorer, so that a
+  coordinator serves only once they are ready;
 * a broken pool (a worker killed) is replaced, and the bundle is scored once more in a
   fresh pool.
 
@@ -89,20 +93,26 @@ class RescoringPool:
         self.budget_s = budget_s
         self._pool = WorkerPool(workers, initializer=_init_worker) if workers else None
 
-    def start(self) -> None:
+    def start(self, wait_s: float = 0.0) -> None:
         """Start the worker processes now (each imports the scorer, about a second)
-        rather than on the first bundle; returns at once."""
+        rather than on the first bundle; waits up to ``wait_s`` seconds for them to be
+        ready (0: returns at once)."""
         if self._pool is not None:
-            for _ in range(self.workers):
-                self._pool.submit(_warm)
+            futures = [self._pool.submit(_warm) for _ in range(self.workers)]
+            if wait_s > 0:
+                from concurrent.futures import wait
+
+                wait(futures, timeout=wait_s)
 
     def rescore(self, lease: LeaseRecord,
                 bundle: bundle_pb2.Bundle) -> tuple[list[float], int]:
         """``(verified_rewards, reward_mismatches)`` as ``verify.rescore`` computes them.
 
         Raises:
-            FtisError: SCORING_TIMEOUT when the re-score ran past ``budget_s``;
-                INTERNAL when the pool broke twice.
+            FtisError: SCORING_TIMEOUT when the re-score itself ran past ``budget_s``
+                (the worker's alarm); VERIFICATION_BUSY (never charged) when no answer
+                came within ``budget_s`` + :data:`GRACE_S`; INTERNAL when the pool broke
+                twice.
         """
         from ftis.coordinator.verify import claims, rescore
 
@@ -113,8 +123,10 @@ class RescoringPool:
             result = self._pool.call(score_texts, lease.entry.to_json(), texts,
                                      claims(bundle), self.budget_s,
                                      timeout=self.budget_s + GRACE_S)
-        except FutureTimeout:
-            result = None
+        except FutureTimeout as err:
+            raise FtisError(ErrorCode.VERIFICATION_BUSY,
+                            f"re-scoring did not answer within {self.budget_s + GRACE_S:g} s "
+                            "(coordinator busy); retry later") from err
         except PoolFailed as err:
             raise FtisError(ErrorCode.INTERNAL, "re-scoring pool failed twice") from err
         if result is None:

@@ -217,6 +217,7 @@ class VolunteerNode:
                                               if config.cross_tokenizer != "off" else None))
         self.generator = torch.Generator().manual_seed(config.seed)
         self.round = 0
+        self._registrations_seen = 0
         #: process start -> policy loaded, set by the CLI; logged once, in the first round
         self.startup_seconds: float | None = None
         self.metrics_path = self.out / "metrics.jsonl"
@@ -312,6 +313,12 @@ class VolunteerNode:
 
     def _pull_external(self) -> None:
         while True:
+            # a coordinator that forgot this node (re-registered) has a new relay
+            # sequence: the old cursor would skip everything it relays from now on
+            registrations = getattr(self.conn, "reregistrations", 0)
+            if registrations != self._registrations_seen:
+                self._registrations_seen = registrations
+                self.pool.cursor = 0
             # with cross-tokenizer learning on, every family's bundles are wanted
             fingerprint = ("" if self.config.cross_tokenizer != "off"
                            else self.policy.card.tokenizer_fingerprint)

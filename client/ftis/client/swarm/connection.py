@@ -144,6 +144,10 @@ class SwarmConnection:
         self.display_name = display_name
         #: transient failures retried so far (all calls)
         self.transient_failures = 0
+        #: times the coordinator had forgotten this node (NODE_UNKNOWN: its database was
+        #: reset or restored) and the node registered again; a caller's relay cursor from
+        #: before is meaningless after one
+        self.reregistrations = 0
         self.channel = grpc.insecure_channel(
             target,
             options=[
@@ -168,11 +172,17 @@ class SwarmConnection:
         self.channel.close()
 
     def _call(self, fn: Callable[..., T], request: Message, method: str | None = None,
-              accept: Callable[[T], bool] | None = None) -> T:
+              accept: Callable[[T], bool] | None = None, recover: bool = True) -> T:
         """``fn(request)``, retried on ``UNAVAILABLE``/``DEADLINE_EXCEEDED`` under
         :attr:`retry`; raises ``FtisError`` on a coded answer (unless ``accept`` takes
-        it), the last ``grpc.RpcError`` on giving up or on any other status."""
+        it), the last ``grpc.RpcError`` on giving up or on any other status.
+
+        With ``recover``, a coordinator that has lost this node's state is repaired once
+        per call and the call repeated: NODE_UNKNOWN registers again (a coordinator whose
+        database was reset; :attr:`reregistrations` counts it), TOKENIZER_REQUIRED
+        uploads the tokenizer again."""
         attempt, first_failure = 0, None
+        repaired: set[int] = set()
         while True:
             if method is not None:  # re-sign on each attempt: fresh timestamp
                 sign_request(request, method, self.identity)
@@ -199,8 +209,27 @@ class SwarmConnection:
                             self._clock() - first_failure)
             if accept is not None and response.error.code and accept(response):
                 return response
+            code = response.error.code
+            if recover and code not in repaired and self._repair(code):
+                repaired.add(code)
+                continue
             raise_for_error(response.error)
             return response
+
+    def _repair(self, code: int) -> bool:
+        """Restore what the coordinator lost for error ``code``; False if nothing can."""
+        if code == ErrorCode.NODE_UNKNOWN:
+            log.warning("coordinator %s does not know node %s (its database was reset?); "
+                        "registering again", self.target, self.node_id)
+            self.register()
+            self.reregistrations += 1
+            return True
+        if code == ErrorCode.TOKENIZER_REQUIRED and self.tokenizer_json is not None:
+            log.warning("coordinator %s asks for the tokenizer again; uploading it",
+                        self.target)
+            self.upload_tokenizer(self.tokenizer_json)
+            return True
+        return False
 
     def register(self) -> swarm_pb2.RegisterResponse:
         payload = swarm_pb2.RegisterPayload(
@@ -208,7 +237,8 @@ class SwarmConnection:
             timestamp_ms=int(time.time() * 1000), display_name=self.display_name,
         )
         env = seal("register", payload, self.identity)
-        resp = self._call(self.stub.Register, swarm_pb2.RegisterRequest(envelope=env))
+        resp = self._call(self.stub.Register, swarm_pb2.RegisterRequest(envelope=env),
+                          recover=False)
         if not resp.tokenizer_known and self.tokenizer_json is not None:
             self.upload_tokenizer(self.tokenizer_json)
         return resp
@@ -218,7 +248,7 @@ class SwarmConnection:
         data = gzip.compress(tokenizer_json.encode(), compresslevel=6, mtime=0)
         self._call(self.stub.UploadTokenizer, swarm_pb2.UploadTokenizerRequest(
             node_id=self.node_id, fingerprint=self.card.tokenizer_fingerprint,
-            tokenizer_json_gz=data), "UploadTokenizer")
+            tokenizer_json_gz=data), "UploadTokenizer", recover=False)
 
     def heartbeat(self, policy_version: int) -> swarm_pb2.HeartbeatResponse:
         return self._call(self.stub.Heartbeat, swarm_pb2.HeartbeatRequest(

@@ -34,6 +34,9 @@ from ftis.coordinator.state.sql import SqlState
 from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
 from ftis.v1 import admin_pb2_grpc
 
+#: Seconds start-up waits for the re-scoring workers to be ready.
+RESCORING_START_WAIT_S = 120.0
+
 log = logging.getLogger(__name__)
 
 WORKER_THREADS = 16
@@ -158,7 +161,9 @@ class CoordinatorServer:
                     admin.stop(None)
                     raise BindError(str(exc)) from None
                 log.warning("%s; serving without the status page and /metrics", exc)
-        self.ctx.rescoring.start()  # worker processes import the scorer meanwhile
+        # serve only once the re-scoring workers have imported the scorer: a first
+        # bundle must not wait out their start-up
+        self.ctx.rescoring.start(wait_s=RESCORING_START_WAIT_S)
         swarm.start()
         admin.start()
         self._swarm, self._admin = swarm, admin
