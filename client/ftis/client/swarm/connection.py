@@ -180,7 +180,8 @@ class SwarmConnection:
         With ``recover``, a coordinator that has lost this node's state is repaired once
         per call and the call repeated: NODE_UNKNOWN registers again (a coordinator whose
         database was reset; :attr:`reregistrations` counts it), TOKENIZER_REQUIRED
-        uploads the tokenizer again."""
+        uploads the tokenizer again, VERIFICATION_BUSY (nothing was stored, nothing
+        charged) waits one backoff step and sends the same request again."""
         attempt, first_failure = 0, None
         repaired: set[int] = set()
         while True:
@@ -223,6 +224,12 @@ class SwarmConnection:
                         "registering again", self.target, self.node_id)
             self.register()
             self.reregistrations += 1
+            return True
+        if code == ErrorCode.VERIFICATION_BUSY:  # the coordinator's capacity, not ours
+            delay = backoff_delay(1, self.rng, self.retry.base_s, self.retry.cap_s)
+            log.warning("coordinator %s is busy verifying; resubmitting in %.1f s",
+                        self.target, delay)
+            self._sleep(delay)
             return True
         if code == ErrorCode.TOKENIZER_REQUIRED and self.tokenizer_json is not None:
             log.warning("coordinator %s asks for the tokenizer again; uploading it",
