@@ -104,22 +104,30 @@ def _config(tmp_path: Path, **extra: object) -> Path:
     return path
 
 
+def _node(coord: Coordinator, model_dir: Path, policy_factory, out: Path,  # noqa: ANN001
+          rounds: int) -> tuple[VolunteerNode, SwarmConnection, NodeIdentity]:
+    """A registered tiny-model node against ``coord`` (full fine-tune, 2 local groups of
+    4, fast retries), its connection and its identity (key in ``out/node_key.pem``)."""
+    policy = policy_factory()
+    key = out / "node_key.pem"
+    identity = NodeIdentity.load_or_create(key)
+    cfg = ClientConfig(coordinator=coord.target, model=str(model_dir), rounds=rounds,
+                       local_groups=2, external_groups=0, group_size=4, max_new_tokens=8,
+                       learning_rate=1e-3, out=out, key_file=key)
+    conn = SwarmConnection(coord.target, identity, policy.card,
+                           tokenizer_json=policy.tokenizer_json,
+                           retry=RetryPolicy(base_s=0.05, cap_s=0.5, max_outage_s=60),
+                           rng=random.Random(0))
+    conn.register()
+    return VolunteerNode(cfg, policy, conn), conn, identity
+
+
 def test_node_survives_coordinator_restarts(tmp_path, tiny_model_dir, tiny_policy_factory):
     coord = Coordinator(tmp_path, _config(tmp_path, lease_ttl_s=LEASE_TTL_S))
     coord.start()
     out, key = tmp_path / "node", tmp_path / "node" / "node_key.pem"
     try:
-        policy = tiny_policy_factory()
-        identity = NodeIdentity.load_or_create(key)
-        cfg = ClientConfig(coordinator=coord.target, model=str(tiny_model_dir), rounds=6,
-                           local_groups=2, external_groups=0, group_size=4,
-                           max_new_tokens=8, learning_rate=1e-3, out=out, key_file=key)
-        conn = SwarmConnection(coord.target, identity, policy.card,
-                               tokenizer_json=policy.tokenizer_json,
-                               retry=RetryPolicy(base_s=0.05, cap_s=0.5, max_outage_s=60),
-                               rng=random.Random(0))
-        conn.register()
-        node = VolunteerNode(cfg, policy, conn)
+        node, conn, identity = _node(coord, tiny_model_dir, tiny_policy_factory, out, 6)
         restarts: list[threading.Thread] = []
         checkpoints_before: dict[int, str] = {}
 
@@ -230,19 +238,9 @@ def test_node_registers_again_after_the_coordinator_lost_its_database(
     by itself, and its rounds go on under the same identity."""
     coord = Coordinator(tmp_path, _config(tmp_path))
     coord.start()
-    out, key = tmp_path / "node", tmp_path / "node" / "node_key.pem"
+    out = tmp_path / "node"
     try:
-        policy = tiny_policy_factory()
-        identity = NodeIdentity.load_or_create(key)
-        cfg = ClientConfig(coordinator=coord.target, model=str(tiny_model_dir), rounds=4,
-                           local_groups=2, external_groups=0, group_size=4,
-                           max_new_tokens=8, learning_rate=1e-3, out=out, key_file=key)
-        conn = SwarmConnection(coord.target, identity, policy.card,
-                               tokenizer_json=policy.tokenizer_json,
-                               retry=RetryPolicy(base_s=0.05, cap_s=0.5, max_outage_s=60),
-                               rng=random.Random(0))
-        conn.register()
-        node = VolunteerNode(cfg, policy, conn)
+        node, conn, identity = _node(coord, tiny_model_dir, tiny_policy_factory, out, 4)
 
         def on_round(result) -> None:  # noqa: ANN001
             if result.round == 2:  # the database is gone; same address, same config

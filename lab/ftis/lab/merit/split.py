@@ -22,7 +22,7 @@ lists in, lists out); the gradients come from :mod:`ftis.lab.merit.gradients`.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -125,24 +125,12 @@ def conflict_aware_split(grads: Tensor, tokens: Sequence[float], rounds: int
     Raises:
         ValueError: as :func:`conflict_matrix` and :func:`median_split`, or ``rounds < 0``.
     """
-    if rounds < 0:
-        raise ValueError("rounds must be >= 0")
     if len(tokens) != grads.shape[0]:
         raise ValueError("one token count per family")
     full = conflict_matrix(grads)
-    branches: list[list[int]] = [list(range(grads.shape[0]))]
-    for _ in range(rounds):
-        nxt: list[list[int]] = []
-        for branch in branches:
-            if len(branch) < 2:
-                nxt.append(branch)
-                continue
-            sub = full[branch][:, branch]
-            low, high = median_split(principal_scores(sub).tolist(),
-                                     [tokens[i] for i in branch])
-            nxt += [sorted(branch[i] for i in low), sorted(branch[i] for i in high)]
-        branches = nxt
-    return branches
+    return _split_recursively(
+        grads.shape[0], tokens, rounds,
+        lambda branch: principal_scores(full[branch][:, branch]).tolist())
 
 
 def random_split(n_families: int, tokens: Sequence[float], rounds: int,
@@ -150,17 +138,24 @@ def random_split(n_families: int, tokens: Sequence[float], rounds: int,
     """The control: the same recursive token-weighted median cut as
     :func:`conflict_aware_split`, on a random order of the families instead of the
     principal-component order."""
+    return _split_recursively(n_families, tokens, rounds,
+                              lambda branch: [rng.random() for _ in branch])
+
+
+def _split_recursively(n: int, tokens: Sequence[float], rounds: int,
+                       scores: Callable[[list[int]], list[float]]) -> list[list[int]]:
+    """``rounds`` levels of :func:`median_split` of every branch of two or more items,
+    each ordered by ``scores(branch)`` (one score per item of the branch)."""
     if rounds < 0:
         raise ValueError("rounds must be >= 0")
-    branches: list[list[int]] = [list(range(n_families))]
+    branches: list[list[int]] = [list(range(n))]
     for _ in range(rounds):
         nxt: list[list[int]] = []
         for branch in branches:
             if len(branch) < 2:
                 nxt.append(branch)
                 continue
-            scores = [rng.random() for _ in branch]
-            low, high = median_split(scores, [tokens[i] for i in branch])
+            low, high = median_split(scores(branch), [tokens[i] for i in branch])
             nxt += [sorted(branch[i] for i in low), sorted(branch[i] for i in high)]
         branches = nxt
     return branches
