@@ -429,9 +429,10 @@ def test_analysis_numbers_and_gate_flag(tmp_path):
     assert "| hot | learner | ftis − tis | 3 | +0.100 | [+0.000, +0.200] | 0.500 | 1.000 | " \
            "gates idle in tis |" in res["contrasts"]
     # power: sd of the differences 0.0577, 0.0577, 0.1; Holm over 3 contrasts ->
-    # alpha 0.05/3: ((2.394 + 0.842) * sd / 0.1)^2 + 1 -> 6 (the floor), 6, 12
+    # alpha 0.05/3: ((2.394 + 0.842) * sd / 0.1)^2 + 1 -> 5, 5, 12; never below the
+    # exact sign-flip test's floor at 0.05/3: 2 / 2^7 = 0.016 <= 0.0167 -> 7, 7, 12
     assert "| hot | learner | ftis − tis | 3 | 0.100 | 12 |" in res["power"]
-    assert "| hot | learner | ftis − alone_batch_matched | 3 | 0.058 | 6 |" in res["power"]
+    assert "| hot | learner | ftis − alone_batch_matched | 3 | 0.058 | 7 |" in res["power"]
     assert "up to 12 paired seeds (ftis − tis, hot" in res["power_line"]
 
 
