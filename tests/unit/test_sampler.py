@@ -25,7 +25,8 @@ def _full_forward_logprobs(model, prompt, completion, temperature):
 def test_recorded_logprobs_match_a_full_forward_pass(tiny_policy_factory, temperature):
     pol = tiny_policy_factory()
     prompts = [[1, 5, 6, 7, 8], [1, 9, 10]]  # different lengths: left padding is exercised
-    res = sample_groups(pol.model, prompts, 3, SamplingSettings(temperature, max_new_tokens=12),
+    settings = SamplingSettings(temperature=temperature, max_new_tokens=12)
+    res = sample_groups(pol.model, prompts, 3, settings,
                         pol.eos_token_ids, pol.tokenizer.pad_token_id,
                         torch.Generator().manual_seed(0))
     assert len(res.completions) == 2 and all(len(g) == 3 for g in res.completions)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ftis.client.cli.config_flags import with_config_flags
 from ftis.client.settings.options import with_setting_flags
 from ftis.protocol.exit_codes import ExitCode
 
@@ -26,63 +26,16 @@ console = Console(stderr=True)
 
 
 @with_setting_flags
+@with_config_flags
 def start(
-    coordinator: Annotated[str | None, typer.Option(help="HOST:PORT of the coordinator")] = None,
-    model: Annotated[str | None, typer.Option(
-        help="embedded alias (smollm2-135m), .gguf file, model directory or HF id")] = None,
-    peft: Annotated[str | None, typer.Option(
-        help="none | lora | qlora (4-bit NF4 base + LoRA)")] = None,
-    lora_rank: Annotated[int | None, typer.Option()] = None,
-    lora_alpha: Annotated[int | None, typer.Option()] = None,
-    lora_dropout: Annotated[float | None, typer.Option()] = None,
-    lora_targets: Annotated[str | None, typer.Option(
-        help="comma-separated module names with LoRA adapters "
-             "(default q_proj,k_proj,v_proj,o_proj)")] = None,
-    qlora_double_quant: Annotated[bool | None, typer.Option(
-        "--qlora-double-quant/--no-qlora-double-quant",
-        help="QLoRA: also quantize the quantization scales")] = None,
-    local_groups: Annotated[int | None, typer.Option(help="I: own groups per round")] = None,
-    external_groups: Annotated[int | None, typer.Option(
-        help="J: external groups per round")] = None,
-    max_sender_share: Annotated[float | None, typer.Option(
-        help="most of a round's I + J groups one external sender may fill (default 0.5)")
-    ] = None,
-    group_size: Annotated[int | None, typer.Option(help="G: completions per prompt")] = None,
-    rounds: Annotated[int | None, typer.Option(help="rounds to run (0 = forever)")] = None,
-    method: Annotated[str | None, typer.Option(
-        help="on_policy | nois | vis | tis | ftis")] = None,
-    truncation: Annotated[float | None, typer.Option(help="C: IS-weight cap")] = None,
-    filter_threshold: Annotated[float | None, typer.Option(
-        help="F-TIS gate threshold: delta in nats/token for k1_mean/k3_mean (default 1.0), "
-             "g in summed nats for kl_learner_gen/kl_gen_learner (default 50)")] = None,
-    divergence: Annotated[str | None, typer.Option(
-        help="F-TIS gate statistic: k1_mean (default) | k3_mean | kl_learner_gen | "
-             "kl_gen_learner (legacy summed)")] = None,
-    cross_tokenizer: Annotated[str | None, typer.Option(
-        help="bundles from another tokenizer: off | sequence (sequence-level TIS) | "
-        "geometric (length-normalised) | nois")
-    ] = None,
-    learning_rate: Annotated[float | None, typer.Option()] = None,
-    temperature: Annotated[float | None, typer.Option()] = None,
-    max_new_tokens: Annotated[int | None, typer.Option()] = None,
-    micro_batch_size: Annotated[int | None, typer.Option(
-        help="completions per learner forward/backward (memory; same update)")] = None,
-    seed: Annotated[int | None, typer.Option()] = None,
-    out: Annotated[Path | None, typer.Option(help="output folder (metrics, checkpoints)")] = None,
-    key_file: Annotated[Path | None, typer.Option(help="node key (PEM, 0600)")] = None,
-    checkpoint_every: Annotated[int | None, typer.Option(
-        help="checkpoint every k rounds (and after the last)")] = None,
-    display_name: Annotated[str | None, typer.Option()] = None,
-    max_outage: Annotated[float | None, typer.Option(
-        help="seconds the coordinator may stay unreachable (retried with backoff and "
-             "jitter) before exiting with code 50; 0 = wait forever (default 1800)")] = None,
-    eval_every: Annotated[int | None, typer.Option(
-        help="greedy pass@1 on held-out and OOD sets every k rounds (0 = off)")] = None,
-    eval_config: Annotated[Path | None, typer.Option(help="JSON evaluation config")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    config_flags: dict[str, Any] | None = None,
     setting_flags: dict[str, Any] | None = None,
 ) -> None:
     """Join a swarm: lease tasks, generate, submit signed bundles, learn with F-TIS.
+
+    Every flag also reads FTIS_CLIENT_<FLAG> from the environment (a flag wins); the
+    defaults are those of the client's settings models.
 
     The volunteer settings (idle, battery, CPU, memory, GPU, upload rate, time windows,
     finish-then-pause) pause and resume the node between rounds; see
@@ -97,9 +50,7 @@ def start(
     from ftis.client.node.config import ClientConfig
     from ftis.client.settings.model import SettingsError, resolve_settings
 
-    flags = {k: v for k, v in locals().items()
-             if k not in ("verbose", "ValidationError", "ClientConfig", "setting_flags",
-                          "SettingsError", "resolve_settings") and v is not None}
+    flags = {k: v for k, v in (config_flags or {}).items() if v is not None}
     try:
         resolved = resolve_settings(setting_flags)
     except SettingsError as exc:

@@ -32,6 +32,10 @@ Sources cited in the docstrings:
   docs, "Paper index", DeepSeek-V3.2 section, where delta = 1.0 is described as an
   average of 1 nat per token).
 * GSPO: Zheng et al., arXiv 2507.18071 (sequence-level ratio, length-normalised, eq. 7).
+
+The settings (:class:`LossConfig`) and the enumerations (:data:`METHODS`,
+:data:`DIVERGENCES`, :data:`AGGREGATIONS`) are defined once in
+:mod:`ftis.client.learner.config` (torch-free, read by the CLI) and re-exported here.
 """
 
 from __future__ import annotations
@@ -42,6 +46,17 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from ftis.client.learner.config import (
+    AGGREGATIONS,
+    DEFAULT_DIVERGENCE,
+    DEFAULT_FILTER_THRESHOLD,
+    DIVERGENCES,
+    METHODS,
+    PER_TOKEN_DIVERGENCES,
+    SUMMED_DIVERGENCES,
+    LossConfig,
+)
 
 __all__ = [
     "AGGREGATIONS",
@@ -67,60 +82,6 @@ __all__ = [
     "sequence_level_divergence",
     "sequence_level_policy_loss",
 ]
-
-METHODS: tuple[str, ...] = ("on_policy", "nois", "vis", "tis", "ftis")
-"""Learner objectives (DESIGN.md section 4 table; F-TIS §3 baselines).
-
-* ``on_policy`` -- w = 1; the caller passes only the learner's own (local) rollouts.
-* ``nois``      -- w = 1 on every rollout, shared ones included (SAPO as published).
-* ``vis``       -- w = exp(lp_old - lp_gen), vanilla importance sampling.
-* ``tis``       -- w = min(exp(lp_old - lp_gen), C), truncated importance sampling (TIS).
-* ``ftis``      -- TIS weights plus the F-TIS advantage filter (:func:`ftis_filter`).
-"""
-
-PER_TOKEN_DIVERGENCES: tuple[str, ...] = ("k1_mean", "k3_mean")
-"""Gate statistics in **nats per token** (a mean over the completion's tokens), so their
-threshold does not depend on the completion's length (see :func:`sequence_divergence`).
-
-* ``k1_mean`` -- mean of k1 = lp_gen - lp_old = -log r (DeepSeek-V3.2 OPSM, TRL's
-  ``off_policy_mask_threshold``). Grows without bound as pi_theta / pi_gen -> 0 and is
-  negative where the learner prefers the tokens.
-* ``k3_mean`` -- mean of Schulman's k3 of KL(pi_gen || pi_theta), (r - 1) - log r >= 0.
-  Grows as r -> 0 (like -log r) **and** as r -> inf (like r).
-"""
-
-SUMMED_DIVERGENCES: tuple[str, ...] = ("kl_learner_gen", "kl_gen_learner")
-"""Legacy statistics in **nats per sequence** (summed over tokens; threshold g, paper 50).
-
-* ``kl_learner_gen`` -- per-token r log r - r + 1, estimates KL(pi_learner || pi_gen),
-  the direction written in the F-TIS filter. Bounded by 1 nat/token as r -> 0, so it
-  keeps exactly the negatives the learner finds most unlikely: the wrong gate.
-* ``kl_gen_learner`` -- per-token k3, (r - 1) - log r, estimates KL(pi_gen || pi_learner).
-"""
-
-DIVERGENCES: tuple[str, ...] = PER_TOKEN_DIVERGENCES + SUMMED_DIVERGENCES
-"""Every accepted ``LossConfig.divergence`` (the F-TIS gate statistic)."""
-
-DEFAULT_DIVERGENCE = "k1_mean"
-"""Default gate statistic (DESIGN.md section 4: per-token mean, grows as r -> 0)."""
-
-DEFAULT_FILTER_THRESHOLD = 1.0
-"""Default gate threshold delta, in nats per token, for the per-token statistics.
-
-Reasoning. ``k1_mean >= 1`` means the learner gives the completion's tokens, on
-geometric average, at most 1/e ~ 0.37 of the generator's probability. The learner's own
-samples have k1 mean 0; same-base partners measured in docs/results.md (full vs LoRA:
-~0.005 nat/token; 4-bit NF4 vs float32: ~0.06-0.4 nat/token, from the legacy summed D
-over 32 tokens) are well below 1, so they are never gated; a negative sample with
-log r = -3 on every token (k1 mean 3: the learner would produce each token with ~5% of
-the generator's probability) is gated at every length. TRL
-suggests starting at delta = 0.5 for within-run staleness; collaborative partners are
-more diverse by design, hence the looser 1.0. The legacy summed statistics need their
-own threshold (the paper's g = 50 summed nats) set explicitly.
-"""
-
-AGGREGATIONS: tuple[str, ...] = ("token", "sequence")
-"""Loss aggregation: ``token`` (DAPO §3.3, the default) or ``sequence`` (GRPO eq. 3)."""
 
 # Log-ratios are clamped to [-_MAX_LOG_RATIO, _MAX_LOG_RATIO] before exp so that no
 # weight, ratio or divergence term overflows to inf (exp(20) ~ 4.85e8).
@@ -566,56 +527,6 @@ def ftis_filter(
 
 
 # ----------------------------------------------------------------------------- loss
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Hyper-parameters of :func:`policy_loss` (defaults: F-TIS paper, DESIGN.md §4).
-
-    Attributes:
-        method: one of :data:`METHODS` (default ``ftis``).
-        truncation: TIS cap C > 0 (paper: 2.0).
-        filter_threshold: F-TIS gate threshold > 0 in the unit of ``divergence``: delta
-            in nats per token for ``k1_mean``/``k3_mean`` (default
-            :data:`DEFAULT_FILTER_THRESHOLD` = 1.0), g in summed nats for the legacy
-            ``kl_learner_gen``/``kl_gen_learner`` (the paper's g = 50; set it explicitly).
-        divergence: gate statistic, one of :data:`DIVERGENCES` (default ``k1_mean``).
-        clip_eps_low: PPO lower clip, ``0 <= eps_low < 1`` (paper: 0.2).
-        clip_eps_high: PPO upper clip, ``>= 0`` (paper: 0.2; DAPO clip-higher if larger).
-        aggregation: ``token`` (DAPO, default) or ``sequence`` (GRPO).
-        temperature: sampler temperature > 0, for :func:`completion_logprobs` (the loss
-            itself does not use it).
-
-    Raises:
-        ValueError: from ``__post_init__`` on any invalid field.
-    """
-
-    method: str = "ftis"
-    truncation: float = 2.0
-    filter_threshold: float = DEFAULT_FILTER_THRESHOLD
-    divergence: str = DEFAULT_DIVERGENCE
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    aggregation: str = "token"
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        _check_method(self.method)
-        _check_truncation(self.truncation)
-        g = self.filter_threshold
-        if not isinstance(g, (int, float)) or math.isnan(g) or g <= 0:
-            raise ValueError(f"filter_threshold g must be > 0, got {g!r}")
-        _check_divergence(self.divergence)
-        lo, hi = self.clip_eps_low, self.clip_eps_high
-        if not (isinstance(lo, (int, float)) and math.isfinite(lo) and 0 <= lo < 1):
-            raise ValueError(f"clip_eps_low must be in [0, 1), got {lo!r}")
-        if not (isinstance(hi, (int, float)) and math.isfinite(hi) and hi >= 0):
-            raise ValueError(f"clip_eps_high must be finite and >= 0, got {hi!r}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"unknown aggregation {self.aggregation!r}; expected one of {AGGREGATIONS}"
-            )
-        _check_temperature(self.temperature)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ step per batch, ``lp_old`` equals ``lp_theta`` in value, so it is taken as
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -16,9 +15,9 @@ import torch
 
 from ftis.client.learner import loss as loss_module
 from ftis.client.learner.batch import PackedBatch, Sample, pack
+from ftis.client.learner.config import LearnerConfig
 from ftis.client.learner.loss import (
     CompletionStats,
-    LossConfig,
     Reduction,
     Stat,
     completion_logprobs,
@@ -27,23 +26,6 @@ from ftis.client.learner.loss import (
     sequence_level_policy_loss,
 )
 from ftis.client.rollout.groups import RolloutGroup
-
-
-@dataclass(frozen=True)
-class LearnerConfig:
-    """Optimisation settings. Defaults follow the F-TIS paper (lr 1e-6 full fine-tune)."""
-
-    loss: LossConfig = field(default_factory=LossConfig)
-    learning_rate: float = 1e-6
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 8
-    scale_advantages_by_std: bool = True
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    #: loss for cross-tokenizer groups (DESIGN.md section 6): ``sequence`` = the method's
-    #: sequence-level weights (:func:`sequence_level_policy_loss`); ``geometric`` = the
-    #: same, length-normalised (GSPO-style); ``nois`` = weight 1
-    cross_tokenizer: str = "sequence"
 
 
 def groups_to_samples(groups: list[RolloutGroup], scale_by_std: bool) -> list[Sample]:
@@ -151,7 +133,7 @@ class Learner:
                 t1 = time.perf_counter()
                 lp_theta = self._forward_logprobs(batch)
                 if batch.gen_sequence_logprobs is not None:
-                    cross_loss = (dataclasses.replace(cfg.loss, method="nois")
+                    cross_loss = (cfg.loss.model_copy(update={"method": "nois"})
                                   if cfg.cross_tokenizer == "nois" else cfg.loss)
                     out = sequence_level_policy_loss(
                         lp_theta, lp_theta.detach(), batch.gen_sequence_logprobs,

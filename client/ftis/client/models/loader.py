@@ -1,6 +1,7 @@
 """Load a policy (model + tokenizer + model card), optionally wrapped with LoRA or QLoRA.
 
-PEFT kinds (:data:`PEFT_KINDS`):
+PEFT kinds (:data:`PEFT_KINDS`, defined with :class:`LoraSettings` in
+:mod:`ftis.client.models.peft` and re-exported here):
 
 * ``none``  -- full fine-tune, float32 weights, every parameter trainable;
 * ``lora``  -- float32 base frozen, LoRA adapters trainable (Hu et al. 2021);
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ftis.client.models.card import build_model_card
+from ftis.client.models.peft import PEFT_KINDS, LoraSettings, PeftKind
 from ftis.client.models.registry import materialize, resolve
 from ftis.tasks import PLAIN_STOP_STRINGS, render_plain_prompt
 from ftis.v1 import bundle_pb2
@@ -32,20 +34,8 @@ if TYPE_CHECKING:  # transformers and peft are imported where a policy is loaded
 
 log = logging.getLogger(__name__)
 
-PEFT_KINDS = ("none", "lora", "qlora")
 #: model card ``quantization`` suffix of a QLoRA base (bitsandbytes 4-bit NormalFloat)
 QLORA_QUANTIZATION = "bnb-nf4"
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA hyperparameters (Hu et al. 2021, arXiv 2106.09685)."""
-
-    rank: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = field(default=DEFAULT_LORA_TARGETS)
 
 
 @dataclass
@@ -164,7 +154,7 @@ def _load_4bit(path: Any, double_quant: bool, device: str) -> PreTrainedModel:
 def load_policy(
     name: str,
     *,
-    peft: str = "none",
+    peft: PeftKind = "none",
     lora: LoraSettings | None = None,
     gradient_checkpointing: bool = False,
     double_quant: bool = False,

@@ -1,19 +1,108 @@
 """Typed client configuration: one source of defaults, CLI flags and ``FTIS_CLIENT_*``
-environment variables override them (flags win)."""
+environment variables override them (flags win).
+
+Every learner, loss, sampling and LoRA setting is defined once, as a field of the pydantic
+model that uses it (issue 14, section 5):
+
+* :class:`~ftis.client.learner.config.LossConfig` -- method, truncation, filter threshold,
+  divergence, clip range, aggregation (and the enumerations ``Method``, ``Divergence``, ...);
+* :class:`~ftis.client.learner.config.LearnerConfig` -- learning rate, micro-batch,
+  cross-tokenizer mode;
+* :class:`~ftis.client.rollout.settings.SamplingSettings` -- temperature, max new tokens;
+* :class:`~ftis.client.models.peft.LoraSettings` -- rank, alpha, dropout, targets
+  (``lora_*`` here), and ``PeftKind``.
+
+:class:`ClientConfig` is composed of those fields: each is copied with
+:func:`section_field` (default, bounds and description; never restated), and the
+properties :attr:`ClientConfig.loss`, :attr:`~ClientConfig.learner`,
+:attr:`~ClientConfig.sampling` and :attr:`~ClientConfig.lora_settings` build the section
+models back from a configuration. The fields stay flat rather than nested
+(``cfg.method``, not ``cfg.loss.method``) because the flat names are the public contract:
+the ``ftis-client start`` flags (``--method``), their documented environment variables
+(``FTIS_CLIENT_METHOD``, read by pydantic-settings with no custom source) and the
+experiment configs that pass flags; :data:`SECTIONS` records which field belongs to
+which section, and a test holds every section field to being either a ``ClientConfig``
+field or named in :data:`NOT_EXPOSED`. The ``start`` flags, their defaults and help are
+derived from :class:`ClientConfig` in turn (:mod:`ftis.client.cli.config_flags`).
+
+Three fields differ from their section's on purpose, each documented in its help:
+``filter_threshold`` and ``learning_rate`` default to ``None``, meaning the default of the
+chosen divergence's unit or PEFT kind (:attr:`ClientConfig.effective_filter_threshold`,
+:attr:`ClientConfig.effective_learning_rate`); ``clip_eps`` is a shorthand that sets both
+``clip_eps_low`` and ``clip_eps_high`` (the symmetric PPO clip), which win when given.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Any, TypeVar
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-if TYPE_CHECKING:  # imported lazily: the loader pulls in transformers
-    from ftis.client.models.loader import LoraSettings
+from ftis.client.learner.config import (
+    DEFAULT_FILTER_THRESHOLD,
+    LORA_LEARNING_RATE,
+    PER_TOKEN_DIVERGENCES,
+    SUMMED_DIVERGENCES,
+    SUMMED_FILTER_THRESHOLD,
+    Aggregation,
+    CrossTokenizer,
+    Divergence,
+    LearnerConfig,
+    LossConfig,
+    Method,
+    default_filter_threshold,
+)
+from ftis.client.models.peft import LoraSettings, PeftKind
+from ftis.client.rollout.settings import SamplingSettings
 
-Method = Literal["on_policy", "nois", "vis", "tis", "ftis"]
+__all__ = ["NOT_EXPOSED", "SECTIONS", "ClientConfig", "Method", "client_default",
+           "default_key_file", "section_field"]
+
+T = TypeVar("T")
+
+#: section -> (its model, {ClientConfig field: the model's field}). ``temperature`` is
+#: in two: the sampler's, which the learner's log-probs use too.
+SECTIONS: dict[str, tuple[type[BaseModel], dict[str, str]]] = {
+    "sampling": (SamplingSettings, {"temperature": "temperature",
+                                    "max_new_tokens": "max_new_tokens"}),
+    "loss": (LossConfig, {n: n for n in ("method", "truncation", "filter_threshold",
+                                         "divergence", "clip_eps_low", "clip_eps_high",
+                                         "aggregation", "temperature")}),
+    "learner": (LearnerConfig, {n: n for n in ("learning_rate", "micro_batch_size",
+                                               "cross_tokenizer")}),
+    "lora": (LoraSettings, {"lora_rank": "rank", "lora_alpha": "alpha",
+                            "lora_dropout": "dropout", "lora_targets": "target_modules"}),
+}
+
+#: Section fields that are not client settings, and why.
+NOT_EXPOSED: dict[str, str] = {
+    "LearnerConfig.loss": "built from the loss section",
+    "LearnerConfig.weight_decay": "the paper's optimiser (AdamW, no weight decay)",
+    "LearnerConfig.max_grad_norm": "the paper's optimiser (clip at 1.0)",
+    "LearnerConfig.scale_advantages_by_std": "GRPO's advantages, always scaled",
+    "LearnerConfig.adam_betas": "the paper's optimiser",
+    "SamplingSettings.top_p": "training rollouts sample the full distribution",
+    "SamplingSettings.top_k": "training rollouts sample the full distribution",
+}
+
+
+def section_field(model: type[BaseModel], name: str, **overrides: Any) -> Any:
+    """A copy of ``model``'s field ``name`` -- default, bounds, description -- for a
+    :class:`ClientConfig` field; ``overrides`` (``default=None``, ``description=...``)
+    replace parts of it."""
+    return FieldInfo.merge_field_infos(model.model_fields[name], **overrides)
+
+
+def _describe(model: type[BaseModel], name: str) -> str:
+    return model.model_fields[name].description or ""
+
+
+def _default(model: type[BaseModel], name: str) -> Any:
+    return model.model_fields[name].get_default(call_default_factory=True)
 
 
 def default_key_file() -> Path:
@@ -27,16 +116,19 @@ class ClientConfig(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FTIS_CLIENT_", extra="forbid")
 
-    coordinator: str = "127.0.0.1:7000"
-    model: str = "smollm2-135m"
-    peft: Literal["none", "lora", "qlora"] = "none"
-    lora_rank: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    coordinator: str = Field("127.0.0.1:7000", description="HOST:PORT of the coordinator")
+    model: str = Field("smollm2-135m", description="embedded alias (smollm2-135m), .gguf "
+                       "file, model directory or Hugging Face id in the local cache")
+    peft: PeftKind = Field("none", description="full fine-tune (none), LoRA, or QLoRA "
+                           "(4-bit NF4 base + LoRA)")
+    lora_rank: int = section_field(LoraSettings, "rank")
+    lora_alpha: int = section_field(LoraSettings, "alpha")
+    lora_dropout: float = section_field(LoraSettings, "dropout")
     lora_targets: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        description="module names that get LoRA adapters (comma-separated on the CLI)")
-    qlora_double_quant: bool = Field(False, description="QLoRA: also quantize the scales")
+        default_factory=lambda: list(_default(LoraSettings, "target_modules")),
+        description=_describe(LoraSettings, "target_modules"))
+    qlora_double_quant: bool = Field(
+        False, description="QLoRA: also quantize the quantization scales")
     max_memory: str | None = Field(
         None, description="refuse to start above this estimated peak memory (6GiB, 8GB, ...)")
     local_groups: int = Field(2, ge=1, le=64, description="I: own groups per round")
@@ -46,43 +138,64 @@ class ClientConfig(BaseSettings):
         "sender may fill")
     group_size: int = Field(8, ge=2, le=64, description="G: completions per prompt")
     rounds: int = Field(10, ge=0, description="rounds to run; 0 = until stopped")
-    method: Method = "ftis"
-    truncation: float = Field(2.0, gt=0, description="C: importance-weight cap")
-    filter_threshold: float | None = Field(
-        None, gt=0, description="F-TIS gate threshold in the divergence's unit: delta in "
-        "nats/token for k1_mean/k3_mean (default 1.0), g in summed nats for kl_* "
-        "(default 50, the paper's g)")
-    divergence: Literal["k1_mean", "k3_mean", "kl_learner_gen", "kl_gen_learner"] = "k1_mean"
-    aggregation: Literal["token", "sequence"] = "token"
-    cross_tokenizer: Literal["off", "sequence", "geometric", "nois"] = Field(
-        "sequence",
-        description="bundles from another tokenizer: off = ignore; sequence = re-tokenize "
-        "the text, sequence-level truncated IS weight; geometric = the same weight "
-        "length-normalised (GSPO-style); nois = re-tokenize, weight 1")
-    clip_eps: float = Field(0.2, gt=0, lt=1)
-    learning_rate: float | None = Field(
-        None, gt=0, description="default 1e-6 (full) or 1e-5 (LoRA)")
-    temperature: float = Field(1.0, gt=0)
-    max_new_tokens: int = Field(64, ge=1, le=1024)
-    micro_batch_size: int = Field(8, ge=1)
-    seed: int = 0
-    out: Path = Path("runs/client")
-    key_file: Path = Field(default_factory=default_key_file)
-    checkpoint_every: int = Field(1, ge=1)
+    method: Method = section_field(LossConfig, "method")
+    truncation: float = section_field(LossConfig, "truncation")
+    filter_threshold: float | None = section_field(
+        LossConfig, "filter_threshold", default=None,
+        description=f"{_describe(LossConfig, 'filter_threshold')} (unset: "
+        f"{DEFAULT_FILTER_THRESHOLD} for {'/'.join(PER_TOKEN_DIVERGENCES)}, "
+        f"{SUMMED_FILTER_THRESHOLD:g}, the paper's g, for {'/'.join(SUMMED_DIVERGENCES)})")
+    divergence: Divergence = section_field(LossConfig, "divergence")
+    aggregation: Aggregation = section_field(LossConfig, "aggregation")
+    cross_tokenizer: CrossTokenizer = section_field(LearnerConfig, "cross_tokenizer")
+    clip_eps: float | None = Field(
+        None, ge=0, lt=1, description="shorthand for a symmetric PPO clip: sets "
+        "clip_eps_low and clip_eps_high both (each of those, when given, wins)")
+    clip_eps_low: float = section_field(LossConfig, "clip_eps_low")
+    clip_eps_high: float = section_field(LossConfig, "clip_eps_high")
+    learning_rate: float | None = section_field(
+        LearnerConfig, "learning_rate", default=None, description="AdamW learning rate "
+        f"(unset: {_default(LearnerConfig, 'learning_rate'):g} for a full fine-tune, the "
+        f"paper's; {LORA_LEARNING_RATE:g} for LoRA and QLoRA)")
+    temperature: float = section_field(SamplingSettings, "temperature")
+    max_new_tokens: int = section_field(SamplingSettings, "max_new_tokens")
+    micro_batch_size: int = section_field(LearnerConfig, "micro_batch_size")
+    seed: int = Field(0, description="seed of the sampler and of the external pool's draws")
+    out: Path = Field(Path("runs/client"), description="output folder (metrics, checkpoints)")
+    key_file: Path = Field(default_factory=default_key_file,
+                           description="node key (PEM, 0600)")
+    checkpoint_every: int = Field(1, ge=1, description="checkpoint every k rounds (and "
+                                  "after the last)")
     threads: int | None = Field(None, ge=1, description="torch CPU threads")
-    display_name: str = ""
+    display_name: str = Field("", description="name shown to the operator (default "
+                              "MODEL/PEFT)")
     max_outage: float = Field(
         1800.0, ge=0, description="seconds the coordinator may stay unreachable (it retries "
         "with backoff and jitter meanwhile) before the client exits with code 50; 0 = "
         "wait forever")
-    eval_every: int = Field(0, ge=0, description="greedy held-out evaluation every k rounds")
+    eval_every: int = Field(0, ge=0, description="greedy pass@1 on held-out and OOD sets "
+                            "every k rounds (0 = off)")
     eval_config: Path | None = Field(None, description="JSON EvalConfig (sets, size, seed)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clip_shorthand(cls, data: Any) -> Any:
+        """``clip_eps`` fills ``clip_eps_low`` and ``clip_eps_high`` where they are not
+        given (by any source: flag, environment)."""
+        if isinstance(data, dict) and data.get("clip_eps") is not None:
+            data = {**data}
+            for key in ("clip_eps_low", "clip_eps_high"):
+                if data.get(key) is None:
+                    data[key] = data["clip_eps"]
+        return data
 
     @field_validator("lora_targets", mode="before")
     @classmethod
     def _split_targets(cls, v: object) -> object:
         if isinstance(v, str):  # "q_proj,v_proj" from the command line
             v = [t.strip() for t in v.split(",")]
+        if isinstance(v, tuple):
+            v = list(v)
         if isinstance(v, list) and (not v or not all(isinstance(t, str) and t for t in v)):
             raise ValueError("lora_targets needs one or more non-empty module names")
         return v
@@ -108,23 +221,55 @@ class ClientConfig(BaseSettings):
         return None if self.max_memory is None else parse_size(self.max_memory)
 
     @property
-    def lora_settings(self) -> LoraSettings:
-        """:class:`~ftis.client.models.loader.LoraSettings` from the ``lora_*`` fields."""
-        from ftis.client.models.loader import LoraSettings
-
-        return LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha,
-                            dropout=self.lora_dropout, target_modules=tuple(self.lora_targets))
-
-    @property
     def effective_filter_threshold(self) -> float:
-        """``filter_threshold``, or the default of the chosen divergence's unit: 1.0
-        nat/token for the per-token statistics, 50 summed nats for the legacy ones."""
+        """``filter_threshold``, or the default of the chosen divergence's unit
+        (:func:`~ftis.client.learner.config.default_filter_threshold`)."""
         if self.filter_threshold is not None:
             return self.filter_threshold
-        return 1.0 if self.divergence in ("k1_mean", "k3_mean") else 50.0
+        return default_filter_threshold(self.divergence)
 
     @property
     def effective_learning_rate(self) -> float:
+        """``learning_rate``, or :class:`LearnerConfig`'s default (full fine-tune) or
+        :data:`~ftis.client.learner.config.LORA_LEARNING_RATE` (LoRA, QLoRA)."""
         if self.learning_rate is not None:
             return self.learning_rate
-        return 1e-5 if self.peft in ("lora", "qlora") else 1e-6
+        return (LORA_LEARNING_RATE if self.peft in ("lora", "qlora")
+                else float(_default(LearnerConfig, "learning_rate")))
+
+    def _section(self, name: str, **resolved: Any) -> dict[str, Any]:
+        _, fields = SECTIONS[name]
+        values = {theirs: getattr(self, ours) for ours, theirs in fields.items()}
+        return {**values, **resolved}
+
+    @property
+    def loss(self) -> LossConfig:
+        """The :class:`LossConfig` of this configuration (distinct clip bounds included)."""
+        return LossConfig(**self._section(
+            "loss", filter_threshold=self.effective_filter_threshold))
+
+    @property
+    def learner(self) -> LearnerConfig:
+        """The :class:`LearnerConfig` of this configuration (its loss: :attr:`loss`)."""
+        return LearnerConfig(loss=self.loss, **self._section(
+            "learner", learning_rate=self.effective_learning_rate))
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        """The :class:`SamplingSettings` of this configuration's training rollouts."""
+        return SamplingSettings(**self._section("sampling"))
+
+    @property
+    def lora_settings(self) -> LoraSettings:
+        """:class:`LoraSettings` from the ``lora_*`` fields."""
+        return LoraSettings(**self._section("lora",
+                                            target_modules=tuple(self.lora_targets)))
+
+
+def client_default(name: str, given: T | None) -> T:
+    """``given``, or the default of :class:`ClientConfig`'s field ``name`` when it is
+    ``None`` (for helpers whose keyword defaults must follow the client's)."""
+    if given is not None:
+        return given
+    value: T = ClientConfig.model_fields[name].get_default(call_default_factory=True)
+    return value

@@ -234,14 +234,14 @@ def estimate_peak_memory(
     arch: Architecture,
     *,
     peft: str = "none",
-    lora_rank: int = 16,
-    lora_targets: tuple[str, ...] | list[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    lora_rank: int | None = None,
+    lora_targets: tuple[str, ...] | list[str] | None = None,
     double_quant: bool = False,
-    local_groups: int = 2,
-    external_groups: int = 2,
-    group_size: int = 8,
-    max_new_tokens: int = 64,
-    micro_batch_size: int = 8,
+    local_groups: int | None = None,
+    external_groups: int | None = None,
+    group_size: int | None = None,
+    max_new_tokens: int | None = None,
+    micro_batch_size: int | None = None,
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
     needs_conversion: bool = False,
     baseline: int = BASELINE_BYTES,
@@ -257,6 +257,8 @@ def estimate_peak_memory(
         double_quant: QLoRA with double quantization of the scales.
         local_groups, external_groups, group_size: I, J and G of a round.
         max_new_tokens, micro_batch_size: generation length and learner micro-batch.
+        (``None``: the default of the :class:`~ftis.client.node.config.ClientConfig`
+        field of that name, ``lora_*`` included: one source of defaults.)
         prompt_tokens: assumed prompt length (tokens).
         needs_conversion: the model is a GGUF not yet dequantized to the cache.
         baseline: bytes of the process before any model is loaded.
@@ -264,8 +266,18 @@ def estimate_peak_memory(
     Raises:
         ValueError: unknown ``peft``.
     """
-    if peft not in ("none", "lora", "qlora"):
-        raise ValueError(f"peft must be none, lora or qlora, got {peft!r}")
+    from ftis.client.models.peft import PEFT_KINDS
+    from ftis.client.node.config import client_default
+
+    if peft not in PEFT_KINDS:
+        raise ValueError(f"peft must be one of {', '.join(PEFT_KINDS)}, got {peft!r}")
+    lora_rank = client_default("lora_rank", lora_rank)
+    lora_targets = tuple(client_default("lora_targets", lora_targets))
+    local_groups = client_default("local_groups", local_groups)
+    external_groups = client_default("external_groups", external_groups)
+    group_size = client_default("group_size", group_size)
+    max_new_tokens = client_default("max_new_tokens", max_new_tokens)
+    micro_batch_size = client_default("micro_batch_size", micro_batch_size)
     f32 = 4
     n = arch.parameters
     if peft == "none":

@@ -16,12 +16,11 @@ from typing import Protocol
 import torch
 
 from ftis.client.learner.checkpoint import load_checkpoint, save_checkpoint
-from ftis.client.learner.loss import LossConfig
-from ftis.client.learner.trainer import Learner, LearnerConfig, SenderStats
+from ftis.client.learner.trainer import Learner, SenderStats
 from ftis.client.models.loader import Policy
 from ftis.client.node.config import ClientConfig
 from ftis.client.rollout.groups import RolloutGroup
-from ftis.client.rollout.sampler import SampledCompletion, SamplingSettings, sample_groups
+from ftis.client.rollout.sampler import SampledCompletion, sample_groups
 from ftis.client.swarm.connection import SwarmConnection
 from ftis.client.swarm.cross_tokenizer import retokenizer_for
 from ftis.client.swarm.external_pool import ExternalPool
@@ -195,21 +194,9 @@ class VolunteerNode:
         self.hooks: NodeHooks = hooks if hooks is not None else HonestHooks(connection)
         self.out = Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        loss = LossConfig(
-            method=config.method, truncation=config.truncation,
-            filter_threshold=config.effective_filter_threshold, divergence=config.divergence,
-            clip_eps_low=config.clip_eps, clip_eps_high=config.clip_eps,
-            aggregation=config.aggregation, temperature=config.temperature,
-        )
-        self.learner = Learner(
-            policy.model,
-            LearnerConfig(loss=loss, learning_rate=config.effective_learning_rate,
-                          micro_batch_size=config.micro_batch_size,
-                          cross_tokenizer=config.cross_tokenizer),
-            pad_token_id=policy.tokenizer.pad_token_id,
-        )
-        self.sampling = SamplingSettings(temperature=config.temperature,
-                                         max_new_tokens=config.max_new_tokens)
+        self.learner = Learner(policy.model, config.learner,
+                               pad_token_id=policy.tokenizer.pad_token_id)
+        self.sampling = config.sampling
         self.pool = ExternalPool(connection.node_id, int(policy.card.vocab_size),
                                  policy.card.tokenizer_fingerprint,
                                  rng=random.Random(config.seed), decode=policy.decode,

@@ -29,33 +29,8 @@ from typing import Any
 
 import torch
 
+from ftis.client.rollout.settings import SamplingSettings
 from ftis.v1 import bundle_pb2
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """Sampler settings; ``top_k = 0`` disables top-k, ``top_p = 1`` disables nucleus."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 96
-
-    def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError("temperature must be > 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < 0 or self.max_new_tokens < 1:
-            raise ValueError("top_k must be >= 0 and max_new_tokens >= 1")
-
-    def to_proto(self) -> bundle_pb2.SamplingParams:
-        return bundle_pb2.SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            max_new_tokens=self.max_new_tokens,
-        )
 
 
 @dataclass

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from ftis.client.cli import start
+from ftis.client.learner.config import LossConfig
 from ftis.lab.attack import KINDS
 from ftis.protocol.exit_codes import ExitCode
 
@@ -51,7 +52,7 @@ def _attack(
         help="replay_frame: a victim's envelopes resubmitted as-is per round")] = 40,
     shade_truncation: Annotated[float, typer.Option(
         help="logprob_shade: log-probs lowered by ln C with this C (> 1; the learner's "
-             "truncation default)")] = 2.0,
+             "truncation default)")] = LossConfig.model_fields["truncation"].default,
     sybil_ring: Annotated[int, typer.Option(
         help="sybil_feedback: fresh identities sending negative feedback")] = 2,
     wait_for: Annotated[Path | None, typer.Option(

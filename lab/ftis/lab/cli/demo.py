@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from ftis.client.learner.config import METHODS
+from ftis.client.node.config import ClientConfig
 from ftis.protocol.exit_codes import ExitCode
 
 if TYPE_CHECKING:
@@ -48,6 +50,9 @@ DEMO_TASKS = [
      "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
 ]
 HELDOUT_FRACTION = 0.4
+#: ``ftis-client start``'s defaults: the demo restates none of them; the settings it
+#: changes (T, max new tokens, I, learning rates) are its own, argued above.
+_CLIENT = ClientConfig.model_fields
 PRIMARY = "full"
 
 
@@ -55,13 +60,14 @@ def demo(
     rounds: Annotated[int, typer.Option(help="rounds per client (docs/demo.md: 20)")] = 20,
     out: Annotated[Path, typer.Option(help="output folder (wiped first)")] = Path("runs/demo"),
     seed: Annotated[int, typer.Option(help="seed of the training tasks and the samplers")] = 0,
-    model: Annotated[str, typer.Option()] = "smollm2-135m",
+    model: Annotated[str, typer.Option()] = _CLIENT["model"].default,
     local_groups: Annotated[int, typer.Option(help="I")] = 4,
     external_groups: Annotated[int, typer.Option(help="J")] = 2,
-    group_size: Annotated[int, typer.Option(help="G")] = 8,
+    group_size: Annotated[int, typer.Option(help="G")] = _CLIENT["group_size"].default,
     temperature: Annotated[float, typer.Option()] = 0.7,
     max_new_tokens: Annotated[int, typer.Option()] = 32,
-    method: Annotated[str, typer.Option()] = "ftis",
+    method: Annotated[str, typer.Option(
+        help="one of " + " | ".join(METHODS))] = _CLIENT["method"].default,
     lr_full: Annotated[float, typer.Option(help="learning rate, full fine-tune")] = 1e-5,
     lr_lora: Annotated[float, typer.Option(help="learning rate, LoRA")] = 3e-4,
     eval_samples: Annotated[int, typer.Option(help="k: sampled completions per held-out "

@@ -41,15 +41,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from ftis.client.learner.config import METHODS, Method
+from ftis.client.models.peft import PeftKind
+from ftis.client.node.config import ClientConfig
 from ftis.client.node.evaluation import EvalConfig
 from ftis.lab.experiment import report
 from ftis.lab.experiment.launcher import ClientSpec, launch
 from ftis.lab.experiment.report import read_metrics
 from ftis.tasks.source import DEFAULT_TASKS, TaskSpec
 
+#: A client's method: the learner's enumeration, defined once in the client.
+ClientMethod = Method
 #: "alone" is on_policy training on local rollouts only (external groups 0).
-METHOD_CHOICES = ("alone", "on_policy", "nois", "vis", "tis", "ftis")
-ClientMethod = Literal["on_policy", "nois", "vis", "tis", "ftis"]
+METHOD_CHOICES = ("alone", *METHODS)
+#: The client's defaults (``ftis-client start``), read where a matrix leaves a setting as
+#: the client would have it, so that none is restated here.
+_CLIENT = ClientConfig.model_fields
 
 #: pairing label of arms run without partners when all pairings share their learners
 SOLO = "solo"
@@ -81,8 +88,8 @@ class ClientRole(BaseModel):
     """
 
     name: str
-    model: str = "smollm2-135m"
-    peft: Literal["none", "lora", "qlora"] = "none"
+    model: str = _CLIENT["model"].default
+    peft: PeftKind = _CLIENT["peft"].default
     learning_rate: float | None = None
     extra_args: list[str] = Field(default_factory=list)
     role: Literal["learner", "partner"] = "learner"
@@ -186,9 +193,10 @@ class ExperimentConfig(BaseModel):
     primary_metric: str = Field("eval_heldout", description="eval.jsonl key compared at "
                                 "the last evaluation (eval_heldout_sampled: sampled pass@1)")
     power: PowerSettings = Field(default_factory=PowerSettings)
-    group_size: int = Field(8, ge=2)
-    max_new_tokens: int = Field(48, ge=1)
-    temperature: float = 1.0
+    group_size: int = Field(_CLIENT["group_size"].default, ge=2)
+    max_new_tokens: int = Field(48, ge=1, description="shorter than the client's default: "
+                                "the matrices' tasks need few tokens")
+    temperature: float = _CLIENT["temperature"].default
     tasks: list[TaskSpec] = Field(default_factory=lambda: list(DEFAULT_TASKS))
     heldout_fraction: float = Field(0.0, ge=0, lt=1, description="the coordinator never "
                                     "leases this share of operand keys (ftis.tasks.split)")
