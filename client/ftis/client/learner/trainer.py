@@ -115,9 +115,41 @@ class Learner:
             return metrics
 
         total_tokens = sum(len(s.completion_ids) for s in samples)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, t_forward, t_backward, acc = self._backward(samples)
+        t3 = time.perf_counter()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        finite = math.isfinite(float(grad_norm))
+        if finite:
+            self.optimizer.step()
+            self.updates += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics.update(
+            forward_seconds=t_forward,
+            backward_seconds=t_backward,
+            optimizer_seconds=time.perf_counter() - t3,
+            loss=loss_sum,
+            grad_norm=float(grad_norm),
+            updated=1.0 if finite else 0.0,
+            train_tokens=float(total_tokens),
+            learner_seconds=time.perf_counter() - t0,
+        )
+        for prefix, a in (("", acc["all"]), ("external_", acc["external"]),
+                          ("cross_", acc["cross"])):
+            metrics.update({prefix + k: v for k, v in a.finish().items()})
+        return metrics
+
+
+    def _backward(self, samples: list[Sample]
+                  ) -> tuple[float, float, float, dict[str, StatAccumulator]]:
+        """Accumulate the gradient of the step's loss on ``samples`` into the trainable
+        parameters' ``.grad`` (the caller zeroes them first); returns the loss, the
+        forward and backward seconds and the statistics per prefix (``all``,
+        ``external``, ``cross``)."""
+        cfg = self.config
+        total_tokens = sum(len(s.completion_ids) for s in samples)
         total_seqs = len(samples)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         t_forward = t_backward = 0.0
         acc = {"all": StatAccumulator(), "external": StatAccumulator(),
@@ -161,28 +193,26 @@ class Learner:
                     "all", "external")
                 for key in keys:
                     acc[key].add(out.stats, n_tok, n_seq)
-        t3 = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-        finite = math.isfinite(float(grad_norm))
-        if finite:
-            self.optimizer.step()
-            self.updates += 1
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics.update(
-            forward_seconds=t_forward,
-            backward_seconds=t_backward,
-            optimizer_seconds=time.perf_counter() - t3,
-            loss=loss_sum,
-            grad_norm=float(grad_norm),
-            updated=1.0 if finite else 0.0,
-            train_tokens=float(total_tokens),
-            learner_seconds=time.perf_counter() - t0,
-        )
-        for prefix, a in (("", acc["all"]), ("external_", acc["external"]),
-                          ("cross_", acc["cross"])):
-            metrics.update({prefix + k: v for k, v in a.finish().items()})
-        return metrics
+        return loss_sum, t_forward, t_backward, acc
 
+    def policy_gradient(self, groups: list[RolloutGroup]) -> torch.Tensor:
+        """The gradient of :meth:`step`'s loss on ``groups`` with respect to the
+        trainable parameters, without updating anything (MERIT's per-family gradients
+        at the shared initialisation, ``ftis.lab.merit``).
+
+        Returns:
+            ``[P]`` float32, the trainable parameters' gradients flattened in
+            ``self.params`` order (zeros where a parameter got none); all zeros when the
+            groups hold no sample with a non-zero advantage.
+        """
+        samples = groups_to_samples(groups, self.config.scale_advantages_by_std)
+        self.optimizer.zero_grad(set_to_none=True)
+        if samples:
+            self._backward(samples)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                          .detach().flatten().float() for p in self.params])
+        self.optimizer.zero_grad(set_to_none=True)
+        return flat
 
     def _record_senders(self, mb: list[Sample], per: CompletionStats, cross: bool,
                         log_ratio_sums: list[float] | None = None) -> None:
