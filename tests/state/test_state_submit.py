@@ -26,6 +26,8 @@ from ftis.coordinator import reputation
 from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
 from ftis.coordinator.state.base import Verdict
 from ftis.coordinator.state.sql import (
+    TASK_BLOCK,
+    LeaseRow,
     ProofRow,
     SqlState,
     VerdictRow,
@@ -385,28 +387,83 @@ def test_lease_block(state: SqlState) -> None:
     first = state.lease_block(a, 3, T0, 4, make(a, 3))
     assert [x.task_id for x in first] == ["task-000000", "task-000001", "task-000002"]
     assert state.get_lease_by_task("task-000001") == first[1]
+    # one block of TASK_BLOCK numbers was reserved; the next calls take from it
+    assert state.task_numbers_reserved() == TASK_BLOCK == 64
     second = state.lease_block(b, 2, T0, 4, make(b, 2))
     assert [x.task_id for x in second] == ["task-000003", "task-000004"]
-    assert starts == [0, 3] and state.task_numbers_reserved() == 5
+    assert starts == [0, 3] and state.task_numbers_reserved() == 64
     with pytest.raises(FtisError) as info:
         state.lease_block(a, 2, T0, 4, make(a, 2))
     assert info.value.code == ErrorCode.LEASE_LIMIT
     assert info.value.reason == ("3 leases outstanding + 2 requested > limit 4; "
                                  "submit or let them expire")
-    assert starts == [0, 3] and state.task_numbers_reserved() == 5  # nothing reserved
+    assert starts == [0, 3]  # nothing handed out
     # an answered lease and an expired one no longer count
     state.commit_submission(_accept(first[0]), T0 + 1)
     assert [x.task_id for x in state.lease_block(a, 2, T0 + 1, 4, make(a, 2, T0 + 1))] == [
         "task-000005", "task-000006"]
     assert [x.task_id for x in state.lease_block(a, 4, T0 + 5000, 4, make(a, 4, T0 + 5000))
             ] == [f"task-{n:06d}" for n in range(7, 11)]
-    assert state.task_numbers_reserved() == 11
+    assert state.task_numbers_reserved() == 64
     assert state.count_outstanding_leases(a, T0 + 5000) == 4
     assert state.lease_block(a, 0, T0 + 5000, 4, make(a, 0)) == []
     with pytest.raises(FtisError) as info:
         state.lease_block(node_id("ghost"), 1, T0, 4, make(a, 1))
     assert info.value.code == ErrorCode.NODE_UNKNOWN
-    assert state.task_numbers_reserved() == 11
+    assert state.task_numbers_reserved() == 64
+
+
+def test_task_blocks_across_processes_gaps_and_close(state: SqlState, state_url: str) -> None:
+    """Blocks of 4: a request longer than the rest of a block starts a new block (the
+    rest is a gap), one longer than a block reserves exactly its own length, a second
+    SqlState (another worker process) gets its own blocks, ``close`` gives back an
+    unused rest only when nobody reserved after it, and a crash (no close) leaves it a
+    gap."""
+    a = add_node(state, "alice").node_id
+    state.close()
+
+    def numbers(block: list) -> list[int]:
+        return [int(x.task_id.split("-")[1]) for x in block]
+
+    one = SqlState(state_url, task_block=4)
+    two = SqlState(state_url, task_block=4)
+    try:
+        assert numbers(one.lease_block(a, 3, T0, 99, make_leases(a, 3))) == [0, 1, 2]
+        assert numbers(two.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [4]
+        assert one.task_numbers_reserved() == 8
+        # 1 number left in one's block, 3 wanted: a new block, 3 is skipped
+        assert numbers(one.lease_block(a, 3, T0, 99, make_leases(a, 3))) == [8, 9, 10]
+        assert numbers(two.lease_block(a, 2, T0, 99, make_leases(a, 2))) == [5, 6]
+        # longer than a block: exactly its own length, the old rest (11) is kept
+        assert numbers(one.lease_block(a, 6, T0, 99, make_leases(a, 6))) == list(range(12, 18))
+        assert numbers(one.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [11]
+        assert one.task_numbers_reserved() == 18
+        # a refused request takes no number
+        with pytest.raises(FtisError):
+            two.lease_block(a, 200, T0, 99, make_leases(a, 200))
+        assert numbers(two.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [7]
+        two.close()  # its block is used up: nothing to give back
+        assert one.task_numbers_reserved() == 18
+    finally:
+        one.close()  # one's block (12..17) is used up as well
+    three = SqlState(state_url, task_block=4)
+    assert numbers(three.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [18]
+    assert three.task_numbers_reserved() == 22
+    three.close()  # 19..21 unused and nobody reserved after: given back
+    four = SqlState(state_url, task_block=4)
+    assert four.task_numbers_reserved() == 19
+    assert numbers(four.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [19]
+    four.engine.dispose()  # a crash: 20..22 are never handed out
+    five = SqlState(state_url, task_block=4)
+    try:
+        assert numbers(five.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [23]
+        issued = sorted(int(x.task_id.split("-")[1]) for x in rows(five, LeaseRow))
+        assert issued == sorted({*range(0, 3), *range(4, 19), 19, 23} - {3})
+        assert len(issued) == len(set(issued))
+    finally:
+        five.close()
+    with pytest.raises(ValueError, match="task_block"):
+        SqlState(state_url, task_block=0)
 
 
 def test_snapshot_reads_are_index_scans(state: SqlState, backend: str) -> None:

@@ -329,15 +329,19 @@ class State(abc.ABC):
         unanswered, unexpired leases (``deadline_ms >= now_ms``); if that plus ``count``
         exceeds ``max_outstanding`` raise FtisError LEASE_LIMIT (``"<n> leases
         outstanding + <count> requested > limit <max>; submit or let them expire"``,
-        nothing reserved); else reserve ``count`` task numbers from the one shared draw
-        counter (``start`` = the counter before, starting at 0), insert ``make(start)``
-        (the leases of numbers ``start .. start + count - 1``) and return it. No task
-        number is ever reserved twice. Raises FtisError NODE_UNKNOWN for an unknown
-        node; ``count`` may be 0."""
+        nothing handed out); else take ``count`` consecutive task numbers ``start ..
+        start + count - 1`` that no call of any process ever took before, insert
+        ``make(start)`` and return it. Numbers come from the one shared draw counter,
+        which an implementation may advance a block at a time per process (the SQL
+        state: :data:`~ftis.coordinator.state.sql.TASK_BLOCK` numbers): numbers are then
+        handed out in increasing order by one process, and some may be skipped (a gap:
+        the unused rest of a block after a crash). Raises FtisError NODE_UNKNOWN for an
+        unknown node; ``count`` may be 0."""
 
     @abc.abstractmethod
     def task_numbers_reserved(self) -> int:
-        """The shared draw counter (task numbers handed out so far)."""
+        """The shared draw counter: task numbers reserved so far, handed out or not
+        (every number handed out is below it)."""
 
     # -- nodes -----------------------------------------------------------------
     @abc.abstractmethod

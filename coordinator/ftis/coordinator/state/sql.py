@@ -89,6 +89,9 @@ _Id = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrement needs
 
 #: The ``counters`` row of task numbers reserved by :meth:`SqlState.lease_block`.
 TASK_DRAWS = "task_draws"
+#: Task numbers a process reserves from the shared draw counter at once: one update of
+#: that (hot, on PostgreSQL with several workers) row per block instead of per lease.
+TASK_BLOCK = 64
 #: Pooled connections per process on a server database (the gRPC server runs 16 threads).
 POOL_SIZE = 16
 #: Seconds after which a pooled server connection is replaced.
@@ -436,8 +439,16 @@ class SqlState(State):
         DatabaseError: if the database cannot be reached or migrated.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, task_block: int = TASK_BLOCK) -> None:
         from ftis.coordinator.state import migrate
+
+        if task_block < 1:
+            raise ValueError(f"task_block {task_block} < 1")
+        #: Task numbers reserved per update of the draw counter (:meth:`lease_block`).
+        self.task_block = task_block
+        #: ``[next, end)``: numbers of this process's committed block not handed out yet.
+        self._block = (0, 0)
+        self._block_lock = threading.Lock()
 
         url = normalize_url(url)
         self.url = url
@@ -926,10 +937,13 @@ class SqlState(State):
         self, node_id: str, count: int, now_ms: int, max_outstanding: int,
         make: Callable[[int], list[LeaseRecord]],
     ) -> list[LeaseRecord]:
+        """See :meth:`State.lease_block`. Task numbers come from a block of
+        :attr:`task_block` numbers this process reserved from the shared counter (one
+        counter update per block, not per lease); see :meth:`_take_numbers`."""
         if count < 0:
             raise ValueError(f"lease_block: count {count} < 0")
 
-        def work(session: Connection) -> list[LeaseRecord]:
+        def work(session: Connection) -> tuple[list[LeaseRecord], tuple[int, int] | None]:
             # The node's row lock serialises lease_block calls for one node across
             # workers (on SQLite, BEGIN IMMEDIATE serialises every writer).
             locked = (session.execute(_Hot.lock_node_id, {"node_id": node_id}).first()
@@ -944,13 +958,44 @@ class SqlState(State):
                     f"{outstanding} leases outstanding + {count} requested > "
                     f"limit {max_outstanding}; submit or let them expire",
                 )
-            start = self._reserve(session, TASK_DRAWS, count)
+            if count == 0:
+                return [], None
+            start, pending = self._take_numbers(session, count)
             leases = list(make(start))
             if leases:
                 session.execute(_Hot.insert_leases, [self._lease_values(x) for x in leases])
-            return leases
+            return leases, pending
 
-        return self._hot_write(work)
+        leases, pending = self._hot_write(work)
+        if pending is not None:  # committed: its remaining numbers are ours to hand out
+            with self._block_lock:  # the longer rest is kept (the newer on a tie)
+                if pending[1] - pending[0] >= self._block[1] - self._block[0]:
+                    self._block = pending
+        return leases
+
+    def _take_numbers(self, conn: Connection, count: int) -> tuple[int, tuple[int, int] | None]:
+        """``count`` consecutive task numbers: ``(start, pending)``.
+
+        From this process's block when it has ``count`` left (no statement at all).
+        Otherwise a new block of ``max(task_block, count)`` numbers is reserved from the
+        shared counter in the caller's transaction; its rest comes back as ``pending``
+        (``[next, end)``), which the caller keeps only once that transaction committed,
+        so a block whose reservation rolled back is never handed out. Numbers are never
+        handed out twice: every block is a committed counter range of its own process,
+        and numbers are taken from it under a lock. Numbers can be skipped (a gap):
+        the rest of a block too short for a request, numbers taken by a transaction
+        that then rolled back, and the unused rest of a block when the process dies
+        (:meth:`close` gives the rest back when no other process reserved after it).
+        A gap skips tasks of the mix, nothing else: task number ``n`` is still
+        ``TaskSource.at(n)`` everywhere."""
+        with self._block_lock:
+            start, end = self._block
+            if end - start >= count:
+                self._block = (start + count, end)
+                return start, None
+        size = max(self.task_block, count)
+        start = self._reserve(conn, TASK_DRAWS, size)
+        return start, (start + count, start + size)
 
     @staticmethod
     def _reserve(session: Session | Connection, name: str, n: int) -> int:
@@ -1540,6 +1585,18 @@ class SqlState(State):
         )
 
     def close(self) -> None:
+        """Give back the unused rest of this process's task block when nobody reserved
+        after it (one conditional update; otherwise the rest stays a gap), then release
+        the connections."""
+        with self._block_lock:
+            start, end = self._block
+            self._block = (0, 0)
+        if end > start:
+            with contextlib.suppress(SQLAlchemyError), self._write_conn() as conn:
+                counters = CounterRow.__table__
+                conn.execute(update(counters).where(counters.c.name == TASK_DRAWS,
+                                                    counters.c.value == end)
+                             .values(value=start))
         self.engine.dispose()
 
 
