@@ -9,6 +9,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+import pytest
 from state_records import T0, Recorder, add_node, lease, make_leases, new_bundle, rows
 
 from ftis.coordinator.reputation import Evidence
@@ -37,7 +38,11 @@ def _run_threads(n: int, target: Any) -> list[Any]:
     return results
 
 
-def test_lost_race_for_a_lease_writes_nothing(state: SqlState) -> None:
+@pytest.mark.parametrize("optimistic", [False, True])
+def test_lost_race_for_a_lease_writes_nothing(state: SqlState, optimistic: bool) -> None:
+    """Also with ``expected`` (the optimistic commit): both threads hold the same
+    snapshot, the loser's compare-and-swap fails and its locked retry finds the lease
+    answered."""
     a = add_node(state, "alice").node_id
     leases = [lease(a, n) for n in range(4)]
     state.insert_leases(leases)
@@ -47,8 +52,10 @@ def test_lost_race_for_a_lease_writes_nothing(state: SqlState) -> None:
             bundle = new_bundle(the_lease, tag=f"thread {i}")
             verdict = Verdict(a, bundle.bundle_id, 0, "accepted", bundle=bundle,
                               evidence=(event,))
+            expected = state.get_node(a) if optimistic else None
             barrier.wait()
-            return state.commit_submission(verdict, T0, Recorder([event], T0))
+            return state.commit_submission(verdict, T0, Recorder([event], T0),
+                                           expected=expected)
 
         results = _run_threads(2, commit)
         won = [r for r in results if not isinstance(r, BaseException)]

@@ -265,7 +265,8 @@ class State(abc.ABC):
 
     @abc.abstractmethod
     def commit_submission(
-        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None
+        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None,
+        expected: NodeRecord | None = None,
     ) -> CommittedVerdict:
         """One write transaction: the verdict row; for ``code == 0`` the bundle (answers
         its lease with a conditional update, is stored with ``stored_quarantined`` = the
@@ -278,6 +279,12 @@ class State(abc.ABC):
 
         When ``verdict.node_id`` is ``None`` or names no registered node, only the verdict
         row is written (evidence, proof and ban need a node row).
+
+        ``expected``: the signer as the submission snapshot read it. An implementation
+        may then commit an accepted bundle without reading the node first, computing
+        the standing from ``expected`` and writing only if the node's
+        ``bundles_accepted`` and standing are still those (else it reads the node
+        locked, as without ``expected``); the result is the same either way.
 
         Returns:
             The stored bundle (``code == 0``), the node after the write (``None`` if no

@@ -58,6 +58,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import Connection, CursorResult
@@ -355,6 +356,11 @@ def _escape_like(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+class _Stale(Exception):
+    """An optimistic write found its rows changed since they were read: nothing was
+    written (the savepoint rolled back), the caller retries with the rows locked."""
+
+
 class _Hot:
     """Statements of the hot paths, built once with bind parameters: SQLAlchemy then
     reuses their compiled form and memoized cache keys instead of rebuilding them on
@@ -416,7 +422,7 @@ class _Hot:
     insert_evidence = insert(evidence)
     update_standing = update(reps).where(reps.c.node_id == bindparam("b_node_id")).values(
         good=bindparam("b_good"), bad=bindparam("b_bad"), updated_ms=bindparam("b_updated"),
-        quarantined=bindparam("b_quarantined"))
+        quarantined=bindparam("b_quarantined"), bundles_rejected=bindparam("b_rejected"))
     lock_node_id = (select(nodes.c.node_id).where(nodes.c.node_id == bindparam("node_id"))
                     .with_for_update())
     outstanding = select(func.count(leases.c.lease_id)).where(
@@ -425,6 +431,81 @@ class _Hot:
     reserve = (update(counters).where(counters.c.name == bindparam("b_name"))
                .values(value=counters.c.value + bindparam("b_n")).returning(counters.c.value))
     insert_leases = insert(leases)
+    #: The optimistic accept (:meth:`SqlState._commit_expected`), SQLite form: each
+    #: update holds only if the row is as the submission snapshot read it.
+    bump_node = (
+        update(nodes)
+        .where(nodes.c.node_id == bindparam("b_node_id"),
+               nodes.c.bundles_accepted == bindparam("b_old_accepted"))
+        .values(bundles_accepted=nodes.c.bundles_accepted + 1,
+                reward_mismatches=nodes.c.reward_mismatches + bindparam("b_mismatches"),
+                completions=nodes.c.completions + bindparam("b_completions"),
+                completion_tokens=nodes.c.completion_tokens + bindparam("b_tokens"),
+                last_seen_ms=case((nodes.c.last_seen_ms > bindparam("b_now"),
+                                   nodes.c.last_seen_ms), else_=bindparam("b_now")),
+                policy_version=bindparam("b_policy"))
+        .returning(*nodes.c)
+    )
+    swap_standing = (
+        update(reps)
+        .where(reps.c.node_id == bindparam("b_node_id"),
+               reps.c.good == bindparam("b_old_good"), reps.c.bad == bindparam("b_old_bad"),
+               reps.c.updated_ms == bindparam("b_old_updated"),
+               reps.c.quarantined == bindparam("b_old_quarantined"))
+        .values(good=bindparam("b_good"), bad=bindparam("b_bad"),
+                updated_ms=bindparam("b_updated"), quarantined=bindparam("b_quarantined"))
+        .returning(reps.c.bundles_rejected)
+    )
+    #: The same on PostgreSQL as ONE statement (one round trip, no BEGIN/COMMIT: a single
+    #: statement is atomic): ``g`` locks the node, reputation and lease rows and
+    #: re-checks the expected values on their newest versions (READ COMMITTED re-reads
+    #: locked rows); every write depends on ``g``, so either all happen or none (an
+    #: empty result: the caller falls back to the locked path); a failing insert aborts
+    #: the whole statement.
+    pg_accept = text("""
+WITH g AS (
+  SELECT nodes.node_id FROM nodes
+  JOIN reputation ON reputation.node_id = nodes.node_id
+  JOIN leases ON leases.lease_id = :lease_id
+  WHERE nodes.node_id = :node_id AND nodes.bundles_accepted = :old_accepted
+    AND reputation.good = :old_good AND reputation.bad = :old_bad
+    AND reputation.updated_ms = :old_updated AND reputation.quarantined = :old_quarantined
+    AND leases.bundle_id IS NULL
+  FOR UPDATE OF nodes, reputation, leases
+), l AS (
+  UPDATE leases SET bundle_id = :bundle_id FROM g
+  WHERE leases.lease_id = :lease_id RETURNING leases.dataset
+), n AS (
+  UPDATE nodes SET bundles_accepted = nodes.bundles_accepted + 1,
+    reward_mismatches = nodes.reward_mismatches + :mismatches,
+    completions = nodes.completions + :completions,
+    completion_tokens = nodes.completion_tokens + :tokens,
+    last_seen_ms = GREATEST(nodes.last_seen_ms, :now), policy_version = :policy
+  FROM g WHERE nodes.node_id = g.node_id RETURNING nodes.*
+), r AS (
+  UPDATE reputation SET good = :good, bad = :bad, updated_ms = :updated,
+    quarantined = :quarantined
+  FROM g WHERE reputation.node_id = g.node_id RETURNING reputation.bundles_rejected
+), b AS (
+  INSERT INTO bundles (bundle_id, node_id, task_id, lease_id, fingerprint, envelope,
+    verified_rewards, mean_reward, zero_variance, completions, completion_tokens,
+    size_bytes, reward_mismatches, policy_version, stored_at_ms, text_verified,
+    stored_quarantined)
+  SELECT :bundle_id, :node_id, :task_id, :lease_id, :fingerprint, :envelope,
+    CAST(:rewards AS json), :mean_reward, :zero_variance, :completions, :tokens,
+    :size_bytes, :mismatches, :policy, :now, :text_verified, :old_quarantined
+  FROM g RETURNING bundles.sequence
+), v AS (
+  INSERT INTO verdicts (node_id, bundle_id, code, reason, at_ms)
+  SELECT :node_id, :bundle_id, 0, :reason, :now FROM g
+), e AS (
+  INSERT INTO evidence (node_id, at_ms, kind, weight, detail, reporter_node_id, bundle_id)
+  SELECT :node_id, :now, x.kind, x.weight, x.detail, x.reporter_node_id, x.bundle_id
+  FROM g, jsonb_to_recordset(CAST(:events AS jsonb)) AS x(kind text, weight float8,
+    detail text, reporter_node_id text, bundle_id text)
+)
+SELECT n.*, r.bundles_rejected AS rep_rejected, l.dataset AS dataset,
+  b.sequence AS sequence FROM n, r, l, b""")
 
 
 class SqlState(State):
@@ -695,7 +776,15 @@ class SqlState(State):
             "b_lease_id": bundle.lease_id, "b_bundle_id": bundle.bundle_id}).scalar()
         if dataset is None:
             raise FtisError(ErrorCode.BUNDLE_REPLAYED, f"lease {bundle.lease_id} already answered")
-        values = {
+        values = self._bundle_values(bundle, now_ms, stored_quarantined)
+        sequence = session.execute(_Hot.insert_bundle, values).scalar_one()
+        return self._bundle_record(types.SimpleNamespace(**values, sequence=sequence), dataset)
+
+    @staticmethod
+    def _bundle_values(bundle: NewBundle, now_ms: int, stored_quarantined: bool
+                       ) -> dict[str, Any]:
+        """The ``bundles`` row of ``bundle`` (without its sequence)."""
+        return {
             "bundle_id": bundle.bundle_id, "node_id": bundle.node_id,
             "task_id": bundle.task_id, "lease_id": bundle.lease_id,
             "fingerprint": bundle.fingerprint, "envelope": bundle.envelope,
@@ -706,8 +795,6 @@ class SqlState(State):
             "policy_version": bundle.policy_version, "stored_at_ms": now_ms,
             "text_verified": bundle.text_verified, "stored_quarantined": stored_quarantined,
         }
-        sequence = session.execute(_Hot.insert_bundle, values).scalar_one()
-        return self._bundle_record(types.SimpleNamespace(**values, sequence=sequence), dataset)
 
     def _locked_node_row(self, session: Session | Connection, node_id: str) -> Any:
         """The node's :data:`_NODE_COLUMNS` row with its node row locked (FOR UPDATE OF
@@ -727,12 +814,13 @@ class SqlState(State):
         return m
 
     def _write_standing(self, session: Session | Connection, node_id: str, standing: Standing,
-                        events: list[Evidence], now_ms: int) -> None:
-        """Store ``standing`` and one evidence row per event (Core statements)."""
+                        events: list[Evidence], now_ms: int, rejected: int) -> None:
+        """Store ``standing`` and the rejection counter ``rejected`` (one UPDATE) and one
+        evidence row per event (one INSERT of them all; Core statements)."""
         session.execute(_Hot.update_standing, {
             "b_node_id": node_id, "b_good": float(standing.good), "b_bad": float(standing.bad),
             "b_updated": int(standing.updated_at_ms),
-            "b_quarantined": bool(standing.quarantined)})
+            "b_quarantined": bool(standing.quarantined), "b_rejected": rejected})
         if events:
             session.execute(_Hot.insert_evidence, [
                 {"node_id": node_id, "at_ms": now_ms, "kind": _clean(e.kind),
@@ -741,7 +829,8 @@ class SqlState(State):
                  "bundle_id": _clean(e.bundle_id)} for e in events])
 
     def commit_submission(
-        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None
+        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None,
+        expected: NodeRecord | None = None,
     ) -> CommittedVerdict:
         if verdict.evidence and update is None:
             raise ValueError("commit_submission: evidence needs an update function")
@@ -749,6 +838,112 @@ class SqlState(State):
             raise ValueError("commit_submission: a bundle iff code == 0")
         if verdict.bundle is not None and verdict.bundle.node_id != verdict.node_id:
             raise ValueError("commit_submission: the bundle's node is not the verdict's")
+        if (expected is not None and verdict.bundle is not None
+                and expected.node_id == verdict.node_id and _storable(expected.node_id)):
+            try:
+                done = self._commit_expected(verdict, verdict.bundle, now_ms, update, expected)
+            except IntegrityError as exc:
+                raise FtisError(
+                    ErrorCode.BUNDLE_REPLAYED,
+                    f"lease {verdict.bundle.lease_id} or bundle already stored",
+                ) from exc
+            except _Stale:
+                done = None
+            if done is not None:
+                return done
+        return self._commit_locked(verdict, now_ms, update)
+
+    def _commit_expected(
+        self, verdict: Verdict, bundle: NewBundle, now_ms: int,
+        update: StandingUpdate | None, expected: NodeRecord,
+    ) -> CommittedVerdict | None:
+        """An accepted bundle's commit without reading the node first: the standing is
+        computed from ``expected`` (the snapshot's record), and every write holds only
+        if the node's ``bundles_accepted`` and standing are still those (compare and
+        swap). One statement on PostgreSQL; on SQLite six statements in the group
+        commit's savepoint. Returns ``None`` (nothing written) when the rows changed
+        since the snapshot or the lease was answered; the caller then takes the locked
+        path, which also tells the cases apart."""
+        old = expected.standing
+        standing = old
+        if verdict.evidence:
+            assert update is not None
+            standing = update(old, expected.bundles_accepted + 1)
+        events = [{"kind": _clean(e.kind), "weight": float(e.weight),
+                   "detail": _clean(e.detail[:2000]),
+                   "reporter_node_id": _clean(e.reporter_node_id),
+                   "bundle_id": _clean(e.bundle_id)} for e in verdict.evidence]
+        reason = _clean(verdict.reason)
+        if self.is_postgres:
+            with self._autocommit.connect() as conn:
+                m = conn.execute(_Hot.pg_accept, {
+                    "node_id": bundle.node_id, "lease_id": bundle.lease_id,
+                    "old_accepted": expected.bundles_accepted,
+                    "old_good": float(old.good), "old_bad": float(old.bad),
+                    "old_updated": int(old.updated_at_ms),
+                    "old_quarantined": bool(old.quarantined),
+                    "bundle_id": bundle.bundle_id, "mismatches": bundle.reward_mismatches,
+                    "completions": bundle.completions, "tokens": bundle.completion_tokens,
+                    "now": now_ms, "policy": bundle.policy_version,
+                    "good": float(standing.good), "bad": float(standing.bad),
+                    "updated": int(standing.updated_at_ms),
+                    "quarantined": bool(standing.quarantined),
+                    "task_id": bundle.task_id, "fingerprint": bundle.fingerprint,
+                    "envelope": bundle.envelope,
+                    "rewards": json.dumps([float(r) for r in bundle.verified_rewards]),
+                    "mean_reward": bundle.mean_reward, "zero_variance": bundle.zero_variance,
+                    "size_bytes": bundle.size_bytes, "text_verified": bundle.text_verified,
+                    "reason": reason, "events": json.dumps(events),
+                }).first()
+            if m is None:
+                return None
+            rep_values = {"rep_good": float(standing.good), "rep_bad": float(standing.bad),
+                          "rep_updated_ms": int(standing.updated_at_ms),
+                          "rep_quarantined": bool(standing.quarantined),
+                          "rep_node_id": bundle.node_id}
+            row = types.SimpleNamespace(**dict(m._mapping), **rep_values)
+            stored = self._bundle_record(types.SimpleNamespace(
+                **self._bundle_values(bundle, now_ms, bool(old.quarantined)),
+                sequence=int(m.sequence)), m.dataset)
+            return CommittedVerdict(bundle=stored, node=self._node_from_row(row))
+
+        def work(conn: Connection) -> CommittedVerdict:
+            node = conn.execute(_Hot.bump_node, {
+                "b_node_id": bundle.node_id, "b_old_accepted": expected.bundles_accepted,
+                "b_mismatches": bundle.reward_mismatches, "b_completions": bundle.completions,
+                "b_tokens": bundle.completion_tokens, "b_now": now_ms,
+                "b_policy": bundle.policy_version}).first()
+            if node is None:
+                raise _Stale
+            rejected = conn.execute(_Hot.swap_standing, {
+                "b_node_id": bundle.node_id, "b_old_good": float(old.good),
+                "b_old_bad": float(old.bad), "b_old_updated": int(old.updated_at_ms),
+                "b_old_quarantined": bool(old.quarantined),
+                "b_good": float(standing.good), "b_bad": float(standing.bad),
+                "b_updated": int(standing.updated_at_ms),
+                "b_quarantined": bool(standing.quarantined)}).scalar()
+            if rejected is None:
+                raise _Stale
+            stored = self._answer_lease_and_insert(conn, bundle, now_ms, bool(old.quarantined))
+            conn.execute(_Hot.insert_verdict, {
+                "node_id": bundle.node_id, "bundle_id": bundle.bundle_id, "code": 0,
+                "reason": reason, "at_ms": now_ms})
+            if events:
+                conn.execute(_Hot.insert_evidence, [
+                    {"node_id": bundle.node_id, "at_ms": now_ms, **e} for e in events])
+            row = types.SimpleNamespace(
+                **dict(node._mapping), rep_good=float(standing.good),
+                rep_bad=float(standing.bad), rep_updated_ms=int(standing.updated_at_ms),
+                rep_quarantined=bool(standing.quarantined), rep_rejected=rejected,
+                rep_node_id=bundle.node_id)
+            return CommittedVerdict(bundle=stored, node=self._node_from_row(row))
+
+        return self._hot_write(work)
+
+    def _commit_locked(
+        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None
+    ) -> CommittedVerdict:
+        """:meth:`commit_submission` with the node's rows locked and read first."""
         nodes, reps = NodeRow.__table__, ReputationRow.__table__
 
         def work(session: Connection) -> CommittedVerdict:
@@ -776,9 +971,7 @@ class SqlState(State):
                     "policy_version": bundle.policy_version,
                 }
             elif m is not None:
-                rejected += 1
-                session.execute(reps.update().where(reps.c.node_id == m.node_id)
-                                .values(bundles_rejected=rejected))
+                rejected += 1  # written below, with the standing when there is one
             session.execute(_Hot.insert_verdict, {
                 "node_id": _clean(verdict.node_id), "bundle_id": _clean(verdict.bundle_id),
                 "code": int(verdict.code), "reason": _clean(verdict.reason),
@@ -799,7 +992,10 @@ class SqlState(State):
                                  bool(m.rep_quarantined)),
                         changes.get("bundles_accepted", m.bundles_accepted))
                     self._write_standing(session, m.node_id, standing,
-                                         list(verdict.evidence), now_ms)
+                                         list(verdict.evidence), now_ms, rejected)
+                elif bundle is None:
+                    session.execute(reps.update().where(reps.c.node_id == m.node_id)
+                                    .values(bundles_rejected=rejected))
                 if verdict.ban_reason is not None:
                     changes.update(banned=True, ban_reason=verdict.ban_reason)
                 if changes:
