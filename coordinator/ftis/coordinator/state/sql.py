@@ -431,6 +431,39 @@ class _Hot:
     reserve = (update(counters).where(counters.c.name == bindparam("b_name"))
                .values(value=counters.c.value + bindparam("b_n")).returning(counters.c.value))
     insert_leases = insert(leases)
+    max_sequence = select(func.max(bundles.c.sequence))
+    #: filled below: the four relay page statements (:meth:`_relay_page`)
+    relay_pages: ClassVar[dict[tuple[bool, bool], Any]] = {}
+
+    @staticmethod
+    def _relay_page(fingerprint: bool, skip_zero_variance: bool) -> Any:
+        """A relay page (:meth:`SqlState.pull_bundles`) in one statement: the bundles
+        after ``cursor`` in sequence order with their lease's dataset and question and
+        the sender's standing, each row carrying the largest sequence of the same
+        snapshot (the next cursor of a page that is not full)."""
+        b, lz, rp, nd = _Hot.bundles, _Hot.leases, _Hot.reps, _Hot.nodes
+        query = (
+            select(*b.c, lz.c.dataset, lz.c.entry_json, rp.c.good, rp.c.bad,
+                   rp.c.updated_ms, _Hot.max_sequence.scalar_subquery().label("max_seq"))
+            .select_from(b.join(nd, nd.c.node_id == b.c.node_id)
+                         .join(lz, lz.c.lease_id == b.c.lease_id)
+                         .outerjoin(rp, rp.c.node_id == b.c.node_id))
+            .where(
+                b.c.sequence > bindparam("cursor"),
+                b.c.node_id != bindparam("requester"),
+                nd.c.banned.is_(False),
+                or_(rp.c.quarantined.is_(None), rp.c.quarantined.is_(False)),
+                b.c.stored_quarantined.is_(False),
+            )
+            .order_by(b.c.sequence)
+            .limit(bindparam("limit"))
+        )
+        if fingerprint:
+            query = query.where(b.c.fingerprint == bindparam("fingerprint"))
+        if skip_zero_variance:
+            query = query.where(b.c.zero_variance.is_(False))
+        return query
+
     #: The optimistic accept (:meth:`SqlState._commit_expected`), SQLite form: each
     #: update holds only if the row is as the submission snapshot read it.
     bump_node = (
@@ -506,6 +539,11 @@ WITH g AS (
 )
 SELECT n.*, r.bundles_rejected AS rep_rejected, l.dataset AS dataset,
   b.sequence AS sequence FROM n, r, l, b""")
+
+
+#: The four relay page statements, by ``(fingerprint given, skip_zero_variance)``.
+_Hot.relay_pages.update({(f, z): _Hot._relay_page(f, z)
+                         for f in (False, True) for z in (False, True)})
 
 
 class SqlState(State):
@@ -1417,48 +1455,39 @@ class SqlState(State):
         fingerprint: str = "",
         skip_zero_variance: bool = False,
     ) -> tuple[list[BundleRecord], int]:
-        with self._read_conn() as session:
-            max_seq = int(session.scalar(select(func.max(BundleRow.sequence))) or 0)
-            b, lz, rp, nd = (BundleRow.__table__, LeaseRow.__table__,
-                             ReputationRow.__table__, NodeRow.__table__)
-            query = (  # Core: rows, not ORM objects
-                select(*b.c, lz.c.dataset, lz.c.entry_json, rp.c.good, rp.c.bad,
-                       rp.c.updated_ms)
-                .select_from(b.join(nd, nd.c.node_id == b.c.node_id)
-                             .join(lz, lz.c.lease_id == b.c.lease_id)
-                             .outerjoin(rp, rp.c.node_id == b.c.node_id))
-                .where(
-                    b.c.sequence > cursor,
-                    b.c.sequence <= max_seq,
-                    b.c.node_id != requester_id,
-                    nd.c.banned.is_(False),
-                    or_(rp.c.quarantined.is_(None), rp.c.quarantined.is_(False)),
-                    b.c.stored_quarantined.is_(False),
-                )
-                .order_by(b.c.sequence)
-                .limit(limit)
-            )
-            if fingerprint:
-                query = query.where(b.c.fingerprint == fingerprint)
-            if skip_zero_variance:
-                query = query.where(b.c.zero_variance.is_(False))
-            page: list[BundleRecord] = []
-            used = 0
-            full = False
-            for m in session.execute(query):
+        query = _Hot.relay_pages[(bool(fingerprint), bool(skip_zero_variance))]
+        params = {"cursor": int(cursor), "requester": requester_id, "limit": int(limit),
+                  "fingerprint": fingerprint}
+        page: list[BundleRecord] = []
+        used = 0
+        full = False
+        max_seq = None
+        with self._snapshot_conn() as conn:  # one statement: one consistent snapshot
+            for m in conn.execute(query, params):
+                max_seq = m.max_seq
                 if page and used + m.size_bytes > max_bytes:
                     full = True
                     break
-                page.append(dataclasses.replace(
-                    self._bundle_record(m, m.dataset),
+                page.append(BundleRecord(
+                    sequence=m.sequence, bundle_id=m.bundle_id, node_id=m.node_id,
+                    task_id=m.task_id, lease_id=m.lease_id, dataset=m.dataset,
+                    fingerprint=m.fingerprint, envelope=m.envelope,
+                    verified_rewards=[float(r) for r in m.verified_rewards],
+                    mean_reward=m.mean_reward, zero_variance=m.zero_variance,
+                    completions=m.completions, completion_tokens=m.completion_tokens,
+                    size_bytes=m.size_bytes, reward_mismatches=m.reward_mismatches,
+                    policy_version=m.policy_version, stored_at_ms=m.stored_at_ms,
+                    text_verified=bool(m.text_verified),
                     sender_standing=Standing(float(m.good or 0), float(m.bad or 0),
                                              int(m.updated_ms or 0)),
                     question=TaskEntry.from_json(m.entry_json).question))
                 used += m.size_bytes
-            if len(page) >= limit:
-                full = True
-            next_cursor = page[-1].sequence if full and page else max_seq
-            return page, next_cursor
+            if max_seq is None:  # an empty page: the cursor moves to the newest bundle
+                max_seq = conn.scalar(_Hot.max_sequence)
+        if len(page) >= limit:
+            full = True
+        next_cursor = page[-1].sequence if full and page else int(max_seq or 0)
+        return page, next_cursor
 
     def list_bundles(self, node_prefix: str = "", limit: int = 50) -> list[BundleRecord]:
         query = (
