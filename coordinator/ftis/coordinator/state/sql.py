@@ -324,9 +324,10 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_begin(conn: Any) -> None:
-    if conn.get_execution_options().get("ftis_write"):
+    options = conn.get_execution_options()
+    if options.get("ftis_write"):
         conn.exec_driver_sql("BEGIN IMMEDIATE")
-    else:
+    elif not options.get("ftis_single"):  # a lone statement needs no transaction
         conn.exec_driver_sql("BEGIN")
 
 
@@ -593,6 +594,9 @@ class SqlState(State):
                 event.listen(self.engine, "connect", _sqlite_connect)
                 event.listen(self.engine, "begin", _sqlite_begin)
             self._write_engine = self.engine.execution_options(ftis_write=True)
+            #: SQLite connections for one read statement: no BEGIN (the driver runs a
+            #: lone statement atomically, as its own implicit transaction)
+            self._single_engine = self.engine.execution_options(ftis_single=True)
             self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
             migrate.upgrade(self._write_engine)
         except (SQLAlchemyError, CommandError, ImportError, ValueError, OSError) as exc:
@@ -643,7 +647,7 @@ class SqlState(State):
         """A connection for ONE read statement, without a transaction around it (no
         BEGIN/COMMIT round trips; a single statement reads one consistent snapshot)."""
         if self.is_sqlite:  # pysqlite: a lone SELECT outside a transaction is atomic too
-            with self._read_conn() as conn:
+            with self._read_lock, self._single_engine.connect() as conn:
                 yield conn
             return
         with self._read_lock, self._autocommit.connect() as conn:
@@ -1310,8 +1314,8 @@ class SqlState(State):
             return self._node_record(row, rep)
 
     def get_node(self, node_id: str) -> NodeRecord | None:
-        with self._read_conn() as session:
-            return self._read_node(session, node_id)
+        with self._snapshot_conn() as conn:
+            return self._read_node(conn, node_id)
 
     def resolve_node(self, id_or_prefix: str) -> NodeRecord:
         if not id_or_prefix:
