@@ -3,7 +3,8 @@
 One thread runs LeaseTasks(1) -> SubmitBundle (G = 8 completions of 256 random token ids,
 no tokenizer) -> PullBundles(8) through the handler functions (the node records of lease
 and pull from the node cache, as authentication hands them on), for 8 nodes in turn, on a
-SQLite file with fsync on (or ``--db URL``, e.g. a PostgreSQL database). It prints wall
+SQLite file with fsync on (or ``--db URL``, or ``--postgres``: a throw-away PostgreSQL
+server with fsync on; its own CPU is not counted). It prints wall
 and CPU milliseconds per loop, and the CPU of the three handler calls alone
 (``handlers cpu``: building and sealing the test bundle, about 1.5 ms, is left out;
 measured with the thread's CPU clock around the calls, so other threads and processes do
@@ -38,6 +39,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--loops", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--db", default="", help="SQLAlchemy URL (default: a SQLite file)")
+    parser.add_argument("--postgres", action="store_true",
+                        help="a throw-away PostgreSQL server (fsync on), a fresh database")
     parser.add_argument("--coordinator-src", default="",
                         help="a source tree whose coordinator/ and proto/ to run")
     parser.add_argument("--profile", action="store_true")
@@ -64,8 +67,15 @@ def main() -> None:
 
     clock = FakeClock()
     folder = tempfile.mkdtemp(prefix="ftis-handlers-")
-    coord = make_coordinator(clock, db=args.db or f"sqlite:///{folder}/c.db",
-                             max_outstanding_leases=1_000_000)
+    db = args.db or f"sqlite:///{folder}/c.db"
+    server = None
+    if args.postgres:
+        from ftis.coordinator.testing.postgres import PostgresServer
+
+        server = PostgresServer(settings={"fsync": "on", "synchronous_commit": "on",
+                                          "full_page_writes": "on"}).start()
+        db = server.url(server.create_database())
+    coord = make_coordinator(clock, db=db, max_outstanding_leases=1_000_000)
     nodes = [register(coord) for _ in range(8)]
     ctx = coord.ctx
 
@@ -126,6 +136,8 @@ def main() -> None:
             loop(i)
         pstats.Stats(profile).sort_stats("tottime").print_stats(30)
     coord.state.close()
+    if server is not None:
+        server.stop()
 
 
 if __name__ == "__main__":

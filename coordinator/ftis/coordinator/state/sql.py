@@ -82,7 +82,7 @@ from ftis.coordinator.state.base import (
     SubmissionSnapshot,
     Verdict,
 )
-from ftis.coordinator.state.group_commit import GroupCommit, sqlalchemy_savepoint
+from ftis.coordinator.state.group_commit import GroupCommit, dbapi_savepoint
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.tasks.source import TaskEntry
 
@@ -613,7 +613,7 @@ class SqlState(State):
         #: SQLite: the submit and lease writes share transactions and fsyncs
         #: (:mod:`.group_commit`); PostgreSQL commits concurrently from many connections.
         self._group: GroupCommit | None = (
-            GroupCommit(self._write_engine.begin, sqlalchemy_savepoint, lock)
+            GroupCommit(self._write_engine.begin, dbapi_savepoint, lock)
             if isinstance(lock, type(threading.RLock())) else None)
 
     @contextlib.contextmanager
