@@ -11,6 +11,10 @@ expression with one group, a number); per pair it forms the ratio new / base. It
 * the exact two-sided sign test of "new differs from base" (binomial, p = 0.5; ties
   dropped): the count of pairs where new < base and its p value.
 
+``--reanalyze FILE`` prints the same statistics for another ``--metric`` of the runs a
+record holds (e.g. ``p99_submit_ms=([0-9.]+)`` of runs recorded for bundles/s), one
+block per recorded A/B.
+
     .venv/bin/python bench/ab_pairs.py --pairs 8 --metric 'handlers cpu ([0-9.]+) ms' \\
         --base '.venv/bin/python bench/coordinator_handlers.py --coordinator-src /tmp/b' \\
         --new '.venv/bin/python bench/coordinator_handlers.py' --out bench/results/x.txt
@@ -51,6 +55,45 @@ def sign_test(below: int, above: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def summarize(ratios: list[float]) -> list[str]:
+    """The summary lines of paired ratios new/base."""
+    below = sum(r < 1 for r in ratios)
+    above = sum(r > 1 for r in ratios)
+    mean, low, high = t_interval(ratios)
+    return [
+        "# paired ratios new/base: " + ", ".join(f"{r:.3f}" for r in ratios),
+        f"# n = {len(ratios)} pairs; mean ratio {mean:.3f}, 95 % t-interval "
+        f"[{low:.3f}, {high:.3f}]",
+        f"# sign test: new < base in {below} of {below + above} pairs (ties dropped), "
+        f"exact two-sided p = {sign_test(below, above):.4f}",
+    ]
+
+
+def reanalyze(path: str, pattern: re.Pattern[str]) -> None:
+    """Statistics of ``pattern`` over the runs recorded in ``path``."""
+    label = ""
+    pairs: dict[int, dict[str, float]] = {}
+
+    def flush() -> None:
+        ratios = [p["new"] / p["base"] for _, p in sorted(pairs.items())
+                  if "new" in p and "base" in p]
+        if len(ratios) >= 2:
+            print(label)
+            print("\n".join(summarize(ratios)))
+
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("# ") and not line.startswith(("# base", "# new", "# metric",
+                                                           "# paired", "# n =", "# sign")):
+            flush()
+            label, pairs = line, {}
+        found = re.match(r"pair (\d+) (base|new)\s.*?: (.*)$", line)
+        if found:
+            value = pattern.search(found.group(3))
+            if value:
+                pairs.setdefault(int(found.group(1)), {})[found.group(2)] = float(value.group(1))
+    flush()
+
+
 def run(command: str, pattern: re.Pattern[str]) -> tuple[float, str]:
     done = subprocess.run(command, shell=True, capture_output=True, text=True, check=False)
     text = done.stdout + done.stderr
@@ -63,14 +106,20 @@ def run(command: str, pattern: re.Pattern[str]) -> tuple[float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", required=True)
-    parser.add_argument("--new", required=True)
+    parser.add_argument("--base", default="")
+    parser.add_argument("--new", default="")
     parser.add_argument("--metric", required=True, help="regex with one number group")
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--label", default="", help="first line of the record")
     parser.add_argument("--out", default="")
+    parser.add_argument("--reanalyze", default="", help="a record written by --out")
     args = parser.parse_args()
     pattern = re.compile(args.metric)
+    if args.reanalyze:
+        reanalyze(args.reanalyze, pattern)
+        return
+    if not args.base or not args.new:
+        parser.error("--base and --new are required")
     lines = [f"# {args.label}" if args.label else "# A/B pairs",
              f"# base: {args.base}", f"# new:  {args.new}",
              f"# metric: {args.metric}; pairs: {args.pairs}, alternating order; "
@@ -89,16 +138,7 @@ def main() -> None:
             print(text, flush=True)
             lines.append(text)
         ratios.append(got["new"] / got["base"])
-    below = sum(r < 1 for r in ratios)
-    above = sum(r > 1 for r in ratios)
-    mean, low, high = t_interval(ratios)
-    summary = [
-        "# paired ratios new/base: " + ", ".join(f"{r:.3f}" for r in ratios),
-        f"# n = {len(ratios)} pairs; mean ratio {mean:.3f}, 95 % t-interval "
-        f"[{low:.3f}, {high:.3f}]",
-        f"# sign test: new < base in {below} of {below + above} pairs (ties dropped), "
-        f"exact two-sided p = {sign_test(below, above):.4f}",
-    ]
+    summary = summarize(ratios)
     for line in summary:
         print(line, flush=True)
     if args.out:
