@@ -11,7 +11,11 @@ Transactions:
 * PostgreSQL: READ COMMITTED; every read-modify-write locks the rows it changes
   (``SELECT ... FOR UPDATE``), always a node's ``nodes`` row before its ``reputation``
   row, several nodes in ``node_id`` order, so worker processes never lose updates and
-  never deadlock. :meth:`SqlState.submission_snapshot` runs REPEATABLE READ, READ ONLY.
+  never deadlock. The one-statement reads (:meth:`SqlState.submission_snapshot`, the
+  relay page) run in autocommit: a single statement sees one consistent snapshot. An
+  accepted bundle's optimistic commit (:meth:`SqlState._commit_expected`) is one
+  statement in autocommit too; it locks ``nodes``, ``reputation`` and ``leases`` rows in
+  that order and re-checks the expected values on their newest versions.
 * SQLite: ``journal_mode=WAL``, ``synchronous=FULL`` (an acknowledged bundle survives a
   crash), foreign keys on; the submit and lease writes of concurrent requests share one
   transaction and one fsync (:mod:`.group_commit`), each in its own savepoint. Write
