@@ -13,8 +13,12 @@ not count). On a loaded machine compare ``handlers cpu``, not wall time.
 ``--coordinator-src DIR`` runs the coordinator's code of another source tree (DIR's
 ``coordinator`` and ``proto`` first on ``sys.path``) with this script and its test
 helpers, for A/B comparisons; ``--profile`` prints cProfile's top functions of the
-handler calls (cProfile inflates Python-heavy code; ``--py-spy FILE`` records a py-spy
-profile of the timed loops instead, in speedscope format).
+handler calls (cProfile inflates Python-heavy code). For a sampling profile run the
+whole script under py-spy (``--gil``: samples of the thread holding the GIL, a proxy
+for CPU; fsync waits drop out)::
+
+    py-spy record --gil -r 250 -f raw -o /tmp/h.txt -- \
+        .venv/bin/python bench/coordinator_handlers.py --loops 2000
 
     .venv/bin/python bench/coordinator_handlers.py [--loops 300] [--profile]
 """
@@ -23,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +46,6 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--coordinator-src", default="",
                         help="a source tree whose coordinator/ and proto/ to run")
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--py-spy", default="", help="record a py-spy profile to this file")
     return parser.parse_args()
 
 
@@ -112,21 +113,12 @@ def main() -> None:
 
     for i in range(args.warmup):
         loop(i)
-    spy = None
-    if args.py_spy:
-        spy = subprocess.Popen(["py-spy", "record", "-o", args.py_spy, "-f", "speedscope",
-                                "-r", "200", "-p", str(os.getpid())],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)
     handler_cpu = 0.0
     n = args.loops
     wall, cpu = time.perf_counter(), time.process_time()
     for i in range(args.warmup, args.warmup + n):
         loop(i)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    if spy is not None:
-        spy.terminate()
-        spy.wait(30)
     print(f"coordinator {Path(ftis.coordinator.__file__).parent}")
     print(f"per loop: wall {wall / n * 1e3:.2f} ms, cpu {cpu / n * 1e3:.2f} ms, "
           f"handlers cpu {handler_cpu / n * 1e3:.3f} ms")
