@@ -61,13 +61,13 @@ def main() -> None:
     args = ap.parse_args()
 
     import grpc
-    from trust_swarm import Node, answer_of
 
     from ftis.client.models.loader import load_policy
     from ftis.coordinator.config import CoordinatorConfig
     from ftis.coordinator.server.app import CoordinatorServer
     from ftis.coordinator.spot_check import HeldModel, logprob_discrepancy
     from ftis.coordinator.spot_check_worker import load_models, recompute_logprobs
+    from ftis.lab.harness.trust_swarm import Node, answer_of
     from ftis.protocol.identity import NodeIdentity
     from ftis.v1 import swarm_pb2_grpc
 

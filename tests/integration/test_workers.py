@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from ftis.coordinator.config import CoordinatorConfig
 from ftis.coordinator.state.sql import SqlState
 from ftis.lab.harness.coordinator import (
     build_bundle,
@@ -25,10 +26,12 @@ from ftis.lab.harness.coordinator import (
 )
 from ftis.protocol.errors import ErrorCode
 from ftis.protocol.identity import NodeIdentity
+from ftis.tasks import HeldoutSplit, TaskSource
 from ftis.v1 import swarm_pb2, swarm_pb2_grpc
 
 LIMIT = 6  # max_outstanding_leases
 QUOTA = 3  # bundles_per_minute
+BLOCK = 4  # task_number_block: small, so that both workers go through several blocks
 
 
 @pytest.fixture
@@ -36,7 +39,7 @@ def two_workers(tmp_path, postgres_database):
     url = postgres_database()
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"max_outstanding_leases": LIMIT, "require_tokenizer": False,
-                               "bundles_per_minute": QUOTA,
+                               "bundles_per_minute": QUOTA, "task_number_block": BLOCK,
                                "registrations_per_host_per_minute": 1e6,
                                "registrations_per_minute": 1e6}))
     ready = tmp_path / "ready.json"
@@ -93,11 +96,26 @@ def test_two_workers_share_leases_counter_and_limits(two_workers):
         assert sorted(codes) == [0, 0, 0] + [ErrorCode.LEASE_LIMIT] * 3
     state = SqlState(url)
     try:
-        assert state.task_numbers_reserved() == 4 * LIMIT  # no number reserved twice
+        reserved = state.task_numbers_reserved()
         tasks = [t for granted, _ in results for t in granted]
         assert len(set(tasks)) == len(tasks) == 4 * LIMIT
-        questions = [state.get_lease_by_task(t).entry for t in tasks]
-        assert len({(e.dataset, e.index) for e in questions}) == 4 * LIMIT
+        # each lease's task number, recovered from its task (number n is tasks.at(n))
+        config = CoordinatorConfig(db=url, task_number_block=BLOCK)
+        source = TaskSource(list(config.tasks), seed=config.task_seed,
+                            split=HeldoutSplit(config.heldout_fraction), part="train")
+        by_task = {}
+        for n in range(reserved):
+            k, entry = source.at(n)
+            by_task[(k, entry.dataset, entry.index)] = n
+        assert len(by_task) == reserved  # the mapping is one to one here
+        leases = [state.get_lease_by_task(t) for t in tasks]
+        numbers = [by_task[(x.spec_index, x.entry.dataset, x.entry.index)] for x in leases]
+        # no task number handed out twice, by either worker, and every one reserved
+        assert len(set(numbers)) == 4 * LIMIT
+        assert max(numbers) < reserved
+        # blocks of BLOCK (workers still running: no rest given back): 12 granted
+        # requests of 2 reserved at least 6 blocks and at most one block each
+        assert reserved % BLOCK == 0 and 4 * LIMIT <= reserved <= BLOCK * (4 * LIMIT // 2)
     finally:
         state.close()
 

@@ -9,11 +9,12 @@ import threading
 from collections import Counter
 from typing import Any
 
+import pytest
 from state_records import T0, Recorder, add_node, lease, make_leases, new_bundle, rows
 
 from ftis.coordinator.reputation import Evidence
 from ftis.coordinator.state.base import Verdict
-from ftis.coordinator.state.sql import BundleRow, EvidenceRow, SqlState, VerdictRow
+from ftis.coordinator.state.sql import TASK_BLOCK, BundleRow, EvidenceRow, SqlState, VerdictRow
 from ftis.coordinator.testing.postgres import PostgresServer
 from ftis.protocol.errors import ErrorCode, FtisError
 
@@ -37,7 +38,11 @@ def _run_threads(n: int, target: Any) -> list[Any]:
     return results
 
 
-def test_lost_race_for_a_lease_writes_nothing(state: SqlState) -> None:
+@pytest.mark.parametrize("optimistic", [False, True])
+def test_lost_race_for_a_lease_writes_nothing(state: SqlState, optimistic: bool) -> None:
+    """Also with ``expected`` (the optimistic commit): both threads hold the same
+    snapshot, the loser's compare-and-swap fails and its locked retry finds the lease
+    answered."""
     a = add_node(state, "alice").node_id
     leases = [lease(a, n) for n in range(4)]
     state.insert_leases(leases)
@@ -47,8 +52,10 @@ def test_lost_race_for_a_lease_writes_nothing(state: SqlState) -> None:
             bundle = new_bundle(the_lease, tag=f"thread {i}")
             verdict = Verdict(a, bundle.bundle_id, 0, "accepted", bundle=bundle,
                               evidence=(event,))
+            expected = state.get_node(a) if optimistic else None
             barrier.wait()
-            return state.commit_submission(verdict, T0, Recorder([event], T0))
+            return state.commit_submission(verdict, T0, Recorder([event], T0),
+                                           expected=expected)
 
         results = _run_threads(2, commit)
         won = [r for r in results if not isinstance(r, BaseException)]
@@ -66,10 +73,10 @@ def test_lost_race_for_a_lease_writes_nothing(state: SqlState) -> None:
 
 def _check_blocks(state: SqlState, owners: list[str], got: list[tuple[str, str]],
                   max_outstanding: int) -> None:
-    numbers = [task for _, task in got]
-    assert len(numbers) == len(set(numbers)), "a task number was reserved twice"
-    assert state.task_numbers_reserved() == len(numbers)
-    assert sorted(numbers) == [f"task-{n:06d}" for n in range(len(numbers))]
+    numbers = [int(task.split("-")[1]) for _, task in got]
+    assert len(numbers) == len(set(numbers)), "a task number was handed out twice"
+    # every number handed out was reserved from the counter (in blocks of TASK_BLOCK)
+    assert max(numbers) < state.task_numbers_reserved()
     per_owner = Counter(owner for owner, _ in got)
     for owner in owners:
         assert per_owner[owner] == max_outstanding, per_owner
@@ -94,7 +101,11 @@ def test_lease_block_threads(state: SqlState) -> None:
 
     results = _run_threads(4, lease_many)
     assert not [r for r in results if isinstance(r, BaseException)], results
-    _check_blocks(state, owners, [x for r in results for x in r], 6)
+    got = [x for r in results for x in r]
+    _check_blocks(state, owners, got, 6)
+    # threads that find no block left may each reserve one (at most one per thread
+    # here: a thread takes at most 16 numbers)
+    assert state.task_numbers_reserved() <= 4 * TASK_BLOCK
 
 
 def _lease_worker(url: str, owners: list[str], first: int, start: Any, out: Any) -> None:
@@ -113,7 +124,7 @@ def _lease_worker(url: str, owners: list[str], first: int, start: Any, out: Any)
                 limited += 1
                 continue
             got += [(owner, x.task_id) for x in block]
-        state.close()
+        state.close()  # gives back the rest of its block if nobody reserved after it
         out.put(("ok", got, limited))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         out.put(("error", repr(exc), 0))
@@ -142,6 +153,12 @@ def test_lease_block_processes(state: SqlState, state_url: str) -> None:
     got = [x for r in results for x in r[1]]
     assert sum(r[2] for r in results) == 8 * PROCESSES - len(got) // 2  # the rest hit the limit
     _check_blocks(state, owners, got, 6)
+    # each process took its numbers from one block of its own: consecutive numbers
+    for r in results:
+        mine = sorted(int(task.split("-")[1]) for _, task in r[1])
+        first = mine[0] if mine else 0
+        assert mine == list(range(first, first + len(mine))), mine
+    assert state.task_numbers_reserved() <= PROCESSES * TASK_BLOCK
 
 
 def test_concurrent_first_open_migrates_once(postgres_server: PostgresServer) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 
 import pytest
 from state_records import (
@@ -24,8 +25,10 @@ from state_records import (
 
 from ftis.coordinator import reputation
 from ftis.coordinator.reputation import Evidence, ReputationConfig, Standing
-from ftis.coordinator.state.base import Verdict
+from ftis.coordinator.state.base import CommittedVerdict, Verdict
 from ftis.coordinator.state.sql import (
+    TASK_BLOCK,
+    LeaseRow,
     ProofRow,
     SqlState,
     VerdictRow,
@@ -91,16 +94,32 @@ def test_snapshot_contents(state: SqlState) -> None:
 
 
 # -- commit_submission ------------------------------------------------------------------
+# Every test below runs twice per backend: with the node read locked by the commit, and
+# with ``expected`` (the node as the submission snapshot read it: the optimistic path,
+# one statement on PostgreSQL). The results must be the same.
+
+Commit = Callable[..., CommittedVerdict]
 
 
-def test_commit_accepted(state: SqlState) -> None:
+@pytest.fixture(params=["locked", "expected"])
+def commit(request: pytest.FixtureRequest, state: SqlState) -> Commit:
+    def run(verdict: Verdict, now_ms: int, update=None) -> CommittedVerdict:
+        expected = None
+        if request.param == "expected" and verdict.node_id is not None:
+            expected = state.get_node(verdict.node_id)
+        return state.commit_submission(verdict, now_ms, update, expected=expected)
+
+    return run
+
+
+def test_commit_accepted(state: SqlState, commit: Commit) -> None:
     a = add_node(state, "alice").node_id
     the_lease = lease(a, 1)
     state.insert_leases([the_lease])
     event = Evidence("bundle_verified", 1.0, "ok", "", "b")
     update = Recorder([event], T0 + 10)
     verdict = _accept(the_lease, [event], mismatches=2, size_bytes=77, policy_version=5)
-    committed = state.commit_submission(verdict, T0 + 10, update)
+    committed = commit(verdict, T0 + 10, update)
 
     bundle = committed.bundle
     assert bundle is not None and bundle.sequence == 1
@@ -125,23 +144,23 @@ def test_commit_accepted(state: SqlState) -> None:
     assert rows(state, ProofRow) == []
 
 
-def test_commit_accepted_without_evidence(state: SqlState) -> None:
+def test_commit_accepted_without_evidence(state: SqlState, commit: Commit) -> None:
     a = add_node(state, "alice").node_id
     the_lease = lease(a, 1)
     state.insert_leases([the_lease])
-    committed = state.commit_submission(_accept(the_lease), T0)  # no update needed
+    committed = commit(_accept(the_lease), T0)  # no update needed
     assert committed.node.bundles_accepted == 1
     assert (committed.node.rep_good, committed.node.rep_updated_ms) == (0.0, T0)
     assert state.list_evidence(a) == []
 
 
-def test_commit_rejected_changes_only_the_counter_and_logs(state: SqlState) -> None:
+def test_commit_rejected_changes_only_the_counter_and_logs(state: SqlState, commit: Commit) -> None:
     a = add_node(state, "alice").node_id
     state.insert_leases([lease(a, 1)])
     before = dump_tables(state)  # nodes, leases, bundles
     event = Evidence("lease_expired", -0.25, "LEASE_EXPIRED: late", "", "bid")
     update = Recorder([event], T0 + 1)
-    committed = state.commit_submission(
+    committed = commit(
         Verdict(a, "bid", ErrorCode.LEASE_EXPIRED, "late", evidence=(event,)), T0 + 1, update)
     assert dump_tables(state) == before
     assert committed.bundle is None and committed.proof_id is None
@@ -154,20 +173,21 @@ def test_commit_rejected_changes_only_the_counter_and_logs(state: SqlState) -> N
     assert [(e.kind, e.weight, e.bundle_id) for e in state.list_evidence(a)] == [
         ("lease_expired", -0.25, "bid")]
     # a rejection without evidence still counts
-    state.commit_submission(Verdict(a, None, ErrorCode.NODE_BANNED, "banned"), T0 + 2)
+    commit(Verdict(a, None, ErrorCode.NODE_BANNED, "banned"), T0 + 2)
     assert state.get_node(a).bundles_rejected == 2
     assert state.rejections_by_code(a) == {int(ErrorCode.LEASE_EXPIRED): 1,
                                            int(ErrorCode.NODE_BANNED): 1}
 
 
-def test_commit_rejected_unknown_or_unsigned_writes_the_verdict_only(state: SqlState) -> None:
+def test_commit_rejected_unknown_or_unsigned_writes_the_verdict_only(
+        state: SqlState, commit: Commit) -> None:
     add_node(state, "alice")
     before = dump_tables(state, ALL_TABLES)
     event = Evidence("rejected", -1.0)
-    ghost = state.commit_submission(
+    ghost = commit(
         Verdict(node_id("ghost"), "b1", ErrorCode.NODE_UNKNOWN, "who", evidence=(event,),
                 proof_envelope=b"env", ban_reason="x"), T0, Recorder([event], T0))
-    unsigned = state.commit_submission(
+    unsigned = commit(
         Verdict(None, None, ErrorCode.SIGNATURE_INVALID, "bad signature"), T0)
     assert ghost.node is None and ghost.bundle is None and ghost.proof_id is None
     assert unsigned.node is None
@@ -178,11 +198,11 @@ def test_commit_rejected_unknown_or_unsigned_writes_the_verdict_only(state: SqlS
         (node_id("ghost"), int(ErrorCode.NODE_UNKNOWN)), (None, int(ErrorCode.SIGNATURE_INVALID))]
 
 
-def test_commit_proof_and_ban(state: SqlState) -> None:
+def test_commit_proof_and_ban(state: SqlState, commit: Commit) -> None:
     a = add_node(state, "alice").node_id
     event = Evidence("text_mismatch", -4.0, "TEXT_MISMATCH: x (signed envelope kept as proof)",
                      "", "bid")
-    committed = state.commit_submission(
+    committed = commit(
         Verdict(a, "bid", ErrorCode.TEXT_MISMATCH, "x", evidence=(event,),
                 proof_envelope=b"signed-envelope", ban_reason="proof: TEXT_MISMATCH"),
         T0 + 3, Recorder([event], T0 + 3))
@@ -198,7 +218,7 @@ def test_commit_proof_and_ban(state: SqlState) -> None:
     assert [e.detail for e in state.list_evidence(a)] == [event.detail]
 
 
-def test_commit_with_the_real_reputation_step(state: SqlState) -> None:
+def test_commit_with_the_real_reputation_step(state: SqlState, commit: Commit) -> None:
     """``reputation.apply`` partially applied, as the handlers do: hand-computed."""
     cfg = ReputationConfig(half_life_s=100.0, probation_bundles=1)
     a = add_node(state, "alice").node_id
@@ -209,10 +229,10 @@ def test_commit_with_the_real_reputation_step(state: SqlState) -> None:
         return lambda standing, accepted: reputation.apply(standing, events, now, accepted, cfg)
 
     good = Evidence(reputation.BUNDLE_VERIFIED, 1.0)
-    state.commit_submission(_accept(leases[0], [good]), T0, step([good], T0))
+    commit(_accept(leases[0], [good]), T0, step([good], T0))
     # 100 s = one half-life later: good 1 -> 0.5; then -2 x 2 mismatches = bad 4
     bad = [Evidence(reputation.REWARD_MISMATCH, -2.0), Evidence(reputation.REWARD_MISMATCH, -2.0)]
-    committed = state.commit_submission(_accept(leases[1], bad, mismatches=2), T0 + 100_000,
+    committed = commit(_accept(leases[1], bad, mismatches=2), T0 + 100_000,
                                         step(bad, T0 + 100_000))
     node = committed.node
     assert math.isclose(node.rep_good, 0.5) and math.isclose(node.rep_bad, 4.0)
@@ -225,27 +245,28 @@ def test_commit_with_the_real_reputation_step(state: SqlState) -> None:
     assert page == []
 
 
-def test_commit_accepted_while_quarantined_is_never_relayed(state: SqlState) -> None:
+def test_commit_accepted_while_quarantined_is_never_relayed(
+        state: SqlState, commit: Commit) -> None:
     a = add_node(state, "alice").node_id
     reader = add_node(state, "reader").node_id
     apply_evidence(state, a, [Evidence("rejected", -10.0)], T0, ReputationConfig())
     leases = [lease(a, 1), lease(a, 2)]
     state.insert_leases(leases)
     release = Evidence("bundle_verified", 100.0)
-    committed = state.commit_submission(_accept(leases[0], [release]), T0,
+    committed = commit(_accept(leases[0], [release]), T0,
                                         Recorder([release], T0))
     assert committed.node.quarantined is False  # released by this bundle's evidence...
-    later = state.commit_submission(_accept(leases[1]), T0 + 1).bundle
+    later = commit(_accept(leases[1]), T0 + 1).bundle
     page, _ = state.pull_bundles(requester_id=reader, cursor=0, limit=10, max_bytes=10**6)
     assert [r.bundle_id for r in page] == [later.bundle_id]  # ...but stored while in it
 
 
-def test_commit_replay_writes_nothing(state: SqlState) -> None:
+def test_commit_replay_writes_nothing(state: SqlState, commit: Commit) -> None:
     a = add_node(state, "alice").node_id
     leases = [lease(a, 1), lease(a, 2)]
     state.insert_leases(leases)
     event = Evidence("bundle_verified", 1.0)
-    state.commit_submission(_accept(leases[0], [event]), T0, Recorder([event], T0))
+    commit(_accept(leases[0], [event]), T0, Recorder([event], T0))
     before = dump_tables(state, ALL_TABLES)
     replays = [
         _accept(leases[0], [event], tag="another payload"),  # lease already answered
@@ -257,29 +278,100 @@ def test_commit_replay_writes_nothing(state: SqlState) -> None:
     for verdict in replays:
         update = Recorder([event], T0 + 5)
         with pytest.raises(FtisError) as info:
-            state.commit_submission(verdict, T0 + 5, update)
+            commit(verdict, T0 + 5, update)
         assert info.value.code == ErrorCode.BUNDLE_REPLAYED
     assert dump_tables(state, ALL_TABLES) == before
 
 
-def test_commit_argument_checks(state: SqlState) -> None:
+def test_commit_argument_checks(state: SqlState, commit: Commit) -> None:
     a = add_node(state, "alice").node_id
     the_lease = lease(a, 1)
     state.insert_leases([the_lease])
     event = Evidence("rejected", -1.0)
     with pytest.raises(ValueError):
-        state.commit_submission(Verdict(a, None, 5, "x", evidence=(event,)), T0)  # no update
+        commit(Verdict(a, None, 5, "x", evidence=(event,)), T0)  # no update
     with pytest.raises(ValueError):
-        state.commit_submission(Verdict(a, None, 0, "accepted"), T0)  # code 0 without bundle
+        commit(Verdict(a, None, 0, "accepted"), T0)  # code 0 without bundle
     with pytest.raises(ValueError):
         accepted = _accept(the_lease)
-        state.commit_submission(Verdict(node_id("x"), accepted.bundle_id, 0, "accepted",
+        commit(Verdict(node_id("x"), accepted.bundle_id, 0, "accepted",
                                         bundle=accepted.bundle), T0)
     ghost_lease = lease(node_id("ghost"), 2)
     with pytest.raises(FtisError) as info:
-        state.commit_submission(_accept(ghost_lease), T0)
+        commit(_accept(ghost_lease), T0)
     assert info.value.code == ErrorCode.NODE_UNKNOWN
     assert rows(state, VerdictRow) == []
+
+
+def test_commit_with_expected_is_one_statement_on_postgres(state: SqlState,
+                                                         backend: str) -> None:
+    """The optimistic commit of an accepted bundle: ONE statement on PostgreSQL (no
+    BEGIN/COMMIT either: autocommit), against the locked path's seven; on SQLite the
+    savepoint holds six statements instead of seven (no read of the node)."""
+    from sqlalchemy import event as sa_event
+
+    a = add_node(state, "alice").node_id
+    leases = [lease(a, 1), lease(a, 2)]
+    state.insert_leases(leases)
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, *args) -> None:
+        seen.append(statement.split(None, 1)[0].upper())
+
+    sa_event.listen(state.engine, "before_cursor_execute", record)
+    try:
+        ev = Evidence("bundle_verified", 1.0)
+        expected = state.get_node(a)
+        seen.clear()
+        state.commit_submission(_accept(leases[0], [ev]), T0, Recorder([ev], T0),
+                                expected=expected)
+        optimistic = list(seen)
+        seen.clear()
+        state.commit_submission(_accept(leases[1], [ev]), T0 + 1, Recorder([ev], T0 + 1))
+        locked = list(seen)
+    finally:
+        sa_event.remove(state.engine, "before_cursor_execute", record)
+    if backend == "postgres":
+        assert optimistic == ["WITH"]
+        assert locked == ["SELECT", "UPDATE", "INSERT", "INSERT", "UPDATE", "INSERT",
+                          "UPDATE"]
+    else:
+        core = [x for x in optimistic if x not in ("BEGIN", "SAVEPOINT", "RELEASE")]
+        assert core == ["UPDATE", "UPDATE", "UPDATE", "INSERT", "INSERT", "INSERT"]
+        assert len([x for x in locked if x not in ("BEGIN", "SAVEPOINT", "RELEASE")]) == 7
+    node = state.get_node(a)
+    assert (node.bundles_accepted, node.rep_good, node.rep_updated_ms) == (2, 2.0, T0 + 1)
+
+
+def test_commit_with_stale_expected_falls_back(state: SqlState) -> None:
+    """When the node changed between the snapshot and the commit (evidence from
+    feedback, another bundle of the same node), the optimistic write changes nothing
+    and the locked path commits from the fresh rows."""
+    a = add_node(state, "alice").node_id
+    leases = [lease(a, 1), lease(a, 2), lease(a, 3)]
+    state.insert_leases(leases)
+    ev = Evidence("bundle_verified", 1.0)
+    stale = state.get_node(a)
+    # the standing changed since (feedback): good 0 -> 3
+    apply_evidence(state, a, [Evidence("feedback", 3.0, "", "r")], T0, ReputationConfig())
+    fresh = state.get_node(a).standing
+    update = Recorder([ev], T0 + 5)
+    committed = state.commit_submission(_accept(leases[0], [ev]), T0 + 5, update,
+                                        expected=stale)
+    assert update.calls[-1] == (fresh, 1)  # the locked path's call, on the fresh standing
+    assert committed.node == state.get_node(a)
+    assert (committed.node.rep_good, committed.node.bundles_accepted) == (
+        fresh.good + 1.0, 1)
+    # bundles_accepted changed since (another bundle): same
+    stale = committed.node
+    state.commit_submission(_accept(leases[1]), T0 + 6, expected=stale)
+    update = Recorder([ev], T0 + 7)
+    committed = state.commit_submission(_accept(leases[2], [ev]), T0 + 7, update,
+                                        expected=stale)
+    assert update.calls[-1] == (stale.standing, 3)
+    assert committed.node == state.get_node(a) and committed.node.bundles_accepted == 3
+    assert len(rows(state, VerdictRow)) == 3
+    assert len(state.list_evidence(a)) == 3  # the feedback and two bundles' events
 
 
 # -- record_seen --------------------------------------------------------------------------
@@ -385,28 +477,83 @@ def test_lease_block(state: SqlState) -> None:
     first = state.lease_block(a, 3, T0, 4, make(a, 3))
     assert [x.task_id for x in first] == ["task-000000", "task-000001", "task-000002"]
     assert state.get_lease_by_task("task-000001") == first[1]
+    # one block of TASK_BLOCK numbers was reserved; the next calls take from it
+    assert state.task_numbers_reserved() == TASK_BLOCK == 64
     second = state.lease_block(b, 2, T0, 4, make(b, 2))
     assert [x.task_id for x in second] == ["task-000003", "task-000004"]
-    assert starts == [0, 3] and state.task_numbers_reserved() == 5
+    assert starts == [0, 3] and state.task_numbers_reserved() == 64
     with pytest.raises(FtisError) as info:
         state.lease_block(a, 2, T0, 4, make(a, 2))
     assert info.value.code == ErrorCode.LEASE_LIMIT
     assert info.value.reason == ("3 leases outstanding + 2 requested > limit 4; "
                                  "submit or let them expire")
-    assert starts == [0, 3] and state.task_numbers_reserved() == 5  # nothing reserved
+    assert starts == [0, 3]  # nothing handed out
     # an answered lease and an expired one no longer count
     state.commit_submission(_accept(first[0]), T0 + 1)
     assert [x.task_id for x in state.lease_block(a, 2, T0 + 1, 4, make(a, 2, T0 + 1))] == [
         "task-000005", "task-000006"]
     assert [x.task_id for x in state.lease_block(a, 4, T0 + 5000, 4, make(a, 4, T0 + 5000))
             ] == [f"task-{n:06d}" for n in range(7, 11)]
-    assert state.task_numbers_reserved() == 11
+    assert state.task_numbers_reserved() == 64
     assert state.count_outstanding_leases(a, T0 + 5000) == 4
     assert state.lease_block(a, 0, T0 + 5000, 4, make(a, 0)) == []
     with pytest.raises(FtisError) as info:
         state.lease_block(node_id("ghost"), 1, T0, 4, make(a, 1))
     assert info.value.code == ErrorCode.NODE_UNKNOWN
-    assert state.task_numbers_reserved() == 11
+    assert state.task_numbers_reserved() == 64
+
+
+def test_task_blocks_across_processes_gaps_and_close(state: SqlState, state_url: str) -> None:
+    """Blocks of 4: a request longer than the rest of a block starts a new block (the
+    rest is a gap), one longer than a block reserves exactly its own length, a second
+    SqlState (another worker process) gets its own blocks, ``close`` gives back an
+    unused rest only when nobody reserved after it, and a crash (no close) leaves it a
+    gap."""
+    a = add_node(state, "alice").node_id
+    state.close()
+
+    def numbers(block: list) -> list[int]:
+        return [int(x.task_id.split("-")[1]) for x in block]
+
+    one = SqlState(state_url, task_block=4)
+    two = SqlState(state_url, task_block=4)
+    try:
+        assert numbers(one.lease_block(a, 3, T0, 99, make_leases(a, 3))) == [0, 1, 2]
+        assert numbers(two.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [4]
+        assert one.task_numbers_reserved() == 8
+        # 1 number left in one's block, 3 wanted: a new block, 3 is skipped
+        assert numbers(one.lease_block(a, 3, T0, 99, make_leases(a, 3))) == [8, 9, 10]
+        assert numbers(two.lease_block(a, 2, T0, 99, make_leases(a, 2))) == [5, 6]
+        # longer than a block: exactly its own length, the old rest (11) is kept
+        assert numbers(one.lease_block(a, 6, T0, 99, make_leases(a, 6))) == list(range(12, 18))
+        assert numbers(one.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [11]
+        assert one.task_numbers_reserved() == 18
+        # a refused request takes no number
+        with pytest.raises(FtisError):
+            two.lease_block(a, 200, T0, 99, make_leases(a, 200))
+        assert numbers(two.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [7]
+        two.close()  # its block is used up: nothing to give back
+        assert one.task_numbers_reserved() == 18
+    finally:
+        one.close()  # one's block (12..17) is used up as well
+    three = SqlState(state_url, task_block=4)
+    assert numbers(three.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [18]
+    assert three.task_numbers_reserved() == 22
+    three.close()  # 19..21 unused and nobody reserved after: given back
+    four = SqlState(state_url, task_block=4)
+    assert four.task_numbers_reserved() == 19
+    assert numbers(four.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [19]
+    four.engine.dispose()  # a crash: 20..22 are never handed out
+    five = SqlState(state_url, task_block=4)
+    try:
+        assert numbers(five.lease_block(a, 1, T0, 99, make_leases(a, 1))) == [23]
+        issued = sorted(int(x.task_id.split("-")[1]) for x in rows(five, LeaseRow))
+        assert issued == sorted({*range(0, 3), *range(4, 19), 19, 23} - {3})
+        assert len(issued) == len(set(issued))
+    finally:
+        five.close()
+    with pytest.raises(ValueError, match="task_block"):
+        SqlState(state_url, task_block=0)
 
 
 def test_snapshot_reads_are_index_scans(state: SqlState, backend: str) -> None:

@@ -14,7 +14,17 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, create_engine, event, text
 
-from ftis.coordinator.state.group_commit import GroupCommit, sqlalchemy_savepoint
+from ftis.coordinator.state.group_commit import (
+    GroupCommit,
+    dbapi_savepoint,
+    sqlalchemy_savepoint,
+)
+
+
+@pytest.fixture(params=["sqlalchemy", "dbapi"])
+def savepoint(request: pytest.FixtureRequest) -> Any:
+    """Both savepoint implementations (the SQL state uses ``dbapi_savepoint``)."""
+    return sqlalchemy_savepoint if request.param == "sqlalchemy" else dbapi_savepoint
 
 
 def _engine(path: Path) -> Engine:
@@ -45,7 +55,8 @@ def _insert(k: int) -> Callable[[Connection], int]:
     return work
 
 
-def test_concurrent_units_share_commits_and_each_gets_its_result(tmp_path: Path) -> None:
+def test_concurrent_units_share_commits_and_each_gets_its_result(
+        tmp_path: Path, savepoint: Any) -> None:
     engine = _engine(tmp_path / "db.sqlite")
     commits = []
 
@@ -56,7 +67,7 @@ def test_concurrent_units_share_commits_and_each_gets_its_result(tmp_path: Path)
             time.sleep(0.01)
         commits.append(1)
 
-    group = GroupCommit(slow_transaction, sqlalchemy_savepoint, threading.RLock())
+    group = GroupCommit(slow_transaction, savepoint, threading.RLock())
     results: dict[int, int] = {}
 
     def run(k: int) -> None:
@@ -73,9 +84,10 @@ def test_concurrent_units_share_commits_and_each_gets_its_result(tmp_path: Path)
     assert group.batches < 32  # units queued behind a busy leader shared its next commit
 
 
-def test_a_failing_unit_rolls_back_alone(tmp_path: Path) -> None:
+def test_a_failing_unit_rolls_back_alone(
+        tmp_path: Path, savepoint: Any) -> None:
     engine = _engine(tmp_path / "db.sqlite")
-    group = GroupCommit(engine.begin, sqlalchemy_savepoint, threading.RLock())
+    group = GroupCommit(engine.begin, savepoint, threading.RLock())
     group.run(_insert(1))
 
     def duplicate_then_fail(conn: Connection) -> None:
@@ -105,7 +117,8 @@ def _outcome(group: GroupCommit, work: Callable[[Connection], object]) -> object
         return type(exc).__name__
 
 
-def test_a_failed_commit_fails_every_unit_of_its_batch(tmp_path: Path) -> None:
+def test_a_failed_commit_fails_every_unit_of_its_batch(
+        tmp_path: Path, savepoint: Any) -> None:
     engine = _engine(tmp_path / "db.sqlite")
 
     @contextlib.contextmanager
@@ -114,7 +127,7 @@ def test_a_failed_commit_fails_every_unit_of_its_batch(tmp_path: Path) -> None:
             yield conn
             raise OSError("disk full")
 
-    group = GroupCommit(failing_commit, sqlalchemy_savepoint, threading.RLock())
+    group = GroupCommit(failing_commit, savepoint, threading.RLock())
     with pytest.raises(OSError, match="disk full"):
         group.run(_insert(3))
     assert _keys(engine) == []  # nothing acknowledged, nothing stored

@@ -186,11 +186,14 @@ def test_resume_with_a_mix_that_repeats_a_dataset(tmp_path, clock) -> None:
     first = make_coordinator(clock, db=db, tasks=mix)
     node = register(first)
     leases = first.lease_tasks(node.node_id, 12, 2, 16)
-    assert first.state.task_numbers_reserved() == 12
+    assert first.state.task_numbers_reserved() == 64  # one block (TASK_BLOCK)
     assert {x.spec_index for x in leases} == {0, 1}
     expected = [first.ctx.tasks.at(n) for n in range(16)]
     assert [(x.spec_index, x.entry) for x in leases] == expected[:12]
-    first.state.close()
+    first.state.close()  # a clean stop gives the unused rest of the block back
+    reopened = SqlState(db)
+    assert reopened.task_numbers_reserved() == 12
+    reopened.close()
     second = make_coordinator(clock, db=db, tasks=mix)
     more = second.lease_tasks(node.node_id, 4, 2, 16)
     assert [(x.spec_index, x.entry) for x in more] == expected[12:]

@@ -76,6 +76,9 @@ class CoordinatorConfig(BaseSettings):
             disjoint by operands from training; 0 = lease everything.
         lease_ttl_s: seconds from issuing a lease to its deadline.
         max_outstanding_leases: unanswered, unexpired leases one node may hold.
+        task_number_block: task numbers each process reserves from the database's draw
+            counter at once (one counter update per block; an unused rest after a
+            crash leaves a gap in the numbers, i.e. skipped tasks).
         min_group_size, max_group_size: allowed G per lease request.
         max_new_tokens_limit: largest ``max_new_tokens`` a lease may ask for.
         max_bundle_bytes: largest accepted envelope payload, bytes.
@@ -120,6 +123,7 @@ class CoordinatorConfig(BaseSettings):
     heldout_fraction: float = Field(default=0.0, ge=0, lt=1)
     lease_ttl_s: float = Field(default=600, gt=0)
     max_outstanding_leases: int = Field(default=64, ge=1)
+    task_number_block: int = Field(default=64, ge=1, le=1_000_000)
     min_group_size: int = Field(default=2, ge=1)
     max_group_size: int = Field(default=64, ge=1)
     max_new_tokens_limit: int = Field(default=1024, ge=1)

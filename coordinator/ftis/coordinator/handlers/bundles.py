@@ -80,7 +80,8 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
     verdict = acceptance_verdict(verified, snapshot, policy)
     try:
         committed = ctx.state.commit_submission(
-            verdict, now, reputation.standing_update(list(verdict.evidence), now, policy))
+            verdict, now, reputation.standing_update(list(verdict.evidence), now, policy),
+            expected=snapshot.node)
     except FtisError as err:  # lost a race for the lease: nothing was written
         _reject(ctx, rejection_verdict(opened, snapshot, err, policy), now, err)
     assert committed.bundle is not None

@@ -107,7 +107,8 @@ class CoordinatorServer:
     ) -> None:
         self.config = config
         self.reuse_port = reuse_port
-        self.state = state if state is not None else SqlState(config.db_url)
+        self.state = (state if state is not None
+                      else SqlState(config.db_url, task_block=config.task_number_block))
         engine = getattr(self.state, "engine", None)  # an SqlState's
         if engine is not None:
             metrics.instrument_engine(engine)

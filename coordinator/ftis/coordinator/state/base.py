@@ -265,7 +265,8 @@ class State(abc.ABC):
 
     @abc.abstractmethod
     def commit_submission(
-        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None
+        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None,
+        expected: NodeRecord | None = None,
     ) -> CommittedVerdict:
         """One write transaction: the verdict row; for ``code == 0`` the bundle (answers
         its lease with a conditional update, is stored with ``stored_quarantined`` = the
@@ -278,6 +279,12 @@ class State(abc.ABC):
 
         When ``verdict.node_id`` is ``None`` or names no registered node, only the verdict
         row is written (evidence, proof and ban need a node row).
+
+        ``expected``: the signer as the submission snapshot read it. An implementation
+        may then commit an accepted bundle without reading the node first, computing
+        the standing from ``expected`` and writing only if the node's
+        ``bundles_accepted`` and standing are still those (else it reads the node
+        locked, as without ``expected``); the result is the same either way.
 
         Returns:
             The stored bundle (``code == 0``), the node after the write (``None`` if no
@@ -329,15 +336,19 @@ class State(abc.ABC):
         unanswered, unexpired leases (``deadline_ms >= now_ms``); if that plus ``count``
         exceeds ``max_outstanding`` raise FtisError LEASE_LIMIT (``"<n> leases
         outstanding + <count> requested > limit <max>; submit or let them expire"``,
-        nothing reserved); else reserve ``count`` task numbers from the one shared draw
-        counter (``start`` = the counter before, starting at 0), insert ``make(start)``
-        (the leases of numbers ``start .. start + count - 1``) and return it. No task
-        number is ever reserved twice. Raises FtisError NODE_UNKNOWN for an unknown
-        node; ``count`` may be 0."""
+        nothing handed out); else take ``count`` consecutive task numbers ``start ..
+        start + count - 1`` that no call of any process ever took before, insert
+        ``make(start)`` and return it. Numbers come from the one shared draw counter,
+        which an implementation may advance a block at a time per process (the SQL
+        state: :data:`~ftis.coordinator.state.sql.TASK_BLOCK` numbers): numbers are then
+        handed out in increasing order by one process, and some may be skipped (a gap:
+        the unused rest of a block after a crash). Raises FtisError NODE_UNKNOWN for an
+        unknown node; ``count`` may be 0."""
 
     @abc.abstractmethod
     def task_numbers_reserved(self) -> int:
-        """The shared draw counter (task numbers handed out so far)."""
+        """The shared draw counter: task numbers reserved so far, handed out or not
+        (every number handed out is below it)."""
 
     # -- nodes -----------------------------------------------------------------
     @abc.abstractmethod

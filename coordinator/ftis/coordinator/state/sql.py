@@ -11,7 +11,11 @@ Transactions:
 * PostgreSQL: READ COMMITTED; every read-modify-write locks the rows it changes
   (``SELECT ... FOR UPDATE``), always a node's ``nodes`` row before its ``reputation``
   row, several nodes in ``node_id`` order, so worker processes never lose updates and
-  never deadlock. :meth:`SqlState.submission_snapshot` runs REPEATABLE READ, READ ONLY.
+  never deadlock. The one-statement reads (:meth:`SqlState.submission_snapshot`, the
+  relay page) run in autocommit: a single statement sees one consistent snapshot. An
+  accepted bundle's optimistic commit (:meth:`SqlState._commit_expected`) is one
+  statement in autocommit too; it locks ``nodes``, ``reputation`` and ``leases`` rows in
+  that order and re-checks the expected values on their newest versions.
 * SQLite: ``journal_mode=WAL``, ``synchronous=FULL`` (an acknowledged bundle survives a
   crash), foreign keys on; the submit and lease writes of concurrent requests share one
   transaction and one fsync (:mod:`.group_commit`), each in its own savepoint. Write
@@ -58,6 +62,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import Connection, CursorResult
@@ -81,7 +86,7 @@ from ftis.coordinator.state.base import (
     SubmissionSnapshot,
     Verdict,
 )
-from ftis.coordinator.state.group_commit import GroupCommit, sqlalchemy_savepoint
+from ftis.coordinator.state.group_commit import GroupCommit, dbapi_savepoint
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.tasks.source import TaskEntry
 
@@ -89,6 +94,9 @@ _Id = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrement needs
 
 #: The ``counters`` row of task numbers reserved by :meth:`SqlState.lease_block`.
 TASK_DRAWS = "task_draws"
+#: Task numbers a process reserves from the shared draw counter at once: one update of
+#: that (hot, on PostgreSQL with several workers) row per block instead of per lease.
+TASK_BLOCK = 64
 #: Pooled connections per process on a server database (the gRPC server runs 16 threads).
 POOL_SIZE = 16
 #: Seconds after which a pooled server connection is replaced.
@@ -320,9 +328,10 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_begin(conn: Any) -> None:
-    if conn.get_execution_options().get("ftis_write"):
+    options = conn.get_execution_options()
+    if options.get("ftis_write"):
         conn.exec_driver_sql("BEGIN IMMEDIATE")
-    else:
+    elif not options.get("ftis_single"):  # a lone statement needs no transaction
         conn.exec_driver_sql("BEGIN")
 
 
@@ -350,6 +359,11 @@ def _storable(*keys: str | None) -> bool:
 
 def _escape_like(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+class _Stale(Exception):
+    """An optimistic write found its rows changed since they were read: nothing was
+    written (the savepoint rolled back), the caller retries with the rows locked."""
 
 
 class _Hot:
@@ -413,7 +427,7 @@ class _Hot:
     insert_evidence = insert(evidence)
     update_standing = update(reps).where(reps.c.node_id == bindparam("b_node_id")).values(
         good=bindparam("b_good"), bad=bindparam("b_bad"), updated_ms=bindparam("b_updated"),
-        quarantined=bindparam("b_quarantined"))
+        quarantined=bindparam("b_quarantined"), bundles_rejected=bindparam("b_rejected"))
     lock_node_id = (select(nodes.c.node_id).where(nodes.c.node_id == bindparam("node_id"))
                     .with_for_update())
     outstanding = select(func.count(leases.c.lease_id)).where(
@@ -422,6 +436,119 @@ class _Hot:
     reserve = (update(counters).where(counters.c.name == bindparam("b_name"))
                .values(value=counters.c.value + bindparam("b_n")).returning(counters.c.value))
     insert_leases = insert(leases)
+    max_sequence = select(func.max(bundles.c.sequence))
+    #: filled below: the four relay page statements (:meth:`_relay_page`)
+    relay_pages: ClassVar[dict[tuple[bool, bool], Any]] = {}
+
+    @staticmethod
+    def _relay_page(fingerprint: bool, skip_zero_variance: bool) -> Any:
+        """A relay page (:meth:`SqlState.pull_bundles`) in one statement: the bundles
+        after ``cursor`` in sequence order with their lease's dataset and question and
+        the sender's standing, each row carrying the largest sequence of the same
+        snapshot (the next cursor of a page that is not full)."""
+        b, lz, rp, nd = _Hot.bundles, _Hot.leases, _Hot.reps, _Hot.nodes
+        query = (
+            select(*b.c, lz.c.dataset, lz.c.entry_json, rp.c.good, rp.c.bad,
+                   rp.c.updated_ms, _Hot.max_sequence.scalar_subquery().label("max_seq"))
+            .select_from(b.join(nd, nd.c.node_id == b.c.node_id)
+                         .join(lz, lz.c.lease_id == b.c.lease_id)
+                         .outerjoin(rp, rp.c.node_id == b.c.node_id))
+            .where(
+                b.c.sequence > bindparam("cursor"),
+                b.c.node_id != bindparam("requester"),
+                nd.c.banned.is_(False),
+                or_(rp.c.quarantined.is_(None), rp.c.quarantined.is_(False)),
+                b.c.stored_quarantined.is_(False),
+            )
+            .order_by(b.c.sequence)
+            .limit(bindparam("limit"))
+        )
+        if fingerprint:
+            query = query.where(b.c.fingerprint == bindparam("fingerprint"))
+        if skip_zero_variance:
+            query = query.where(b.c.zero_variance.is_(False))
+        return query
+
+    #: The optimistic accept (:meth:`SqlState._commit_expected`), SQLite form: each
+    #: update holds only if the row is as the submission snapshot read it.
+    bump_node = (
+        update(nodes)
+        .where(nodes.c.node_id == bindparam("b_node_id"),
+               nodes.c.bundles_accepted == bindparam("b_old_accepted"))
+        .values(bundles_accepted=nodes.c.bundles_accepted + 1,
+                reward_mismatches=nodes.c.reward_mismatches + bindparam("b_mismatches"),
+                completions=nodes.c.completions + bindparam("b_completions"),
+                completion_tokens=nodes.c.completion_tokens + bindparam("b_tokens"),
+                last_seen_ms=case((nodes.c.last_seen_ms > bindparam("b_now"),
+                                   nodes.c.last_seen_ms), else_=bindparam("b_now")),
+                policy_version=bindparam("b_policy"))
+        .returning(*nodes.c)
+    )
+    swap_standing = (
+        update(reps)
+        .where(reps.c.node_id == bindparam("b_node_id"),
+               reps.c.good == bindparam("b_old_good"), reps.c.bad == bindparam("b_old_bad"),
+               reps.c.updated_ms == bindparam("b_old_updated"),
+               reps.c.quarantined == bindparam("b_old_quarantined"))
+        .values(good=bindparam("b_good"), bad=bindparam("b_bad"),
+                updated_ms=bindparam("b_updated"), quarantined=bindparam("b_quarantined"))
+        .returning(reps.c.bundles_rejected)
+    )
+    #: The same on PostgreSQL as ONE statement (one round trip, no BEGIN/COMMIT: a single
+    #: statement is atomic): ``g`` locks the node, reputation and lease rows and
+    #: re-checks the expected values on their newest versions (READ COMMITTED re-reads
+    #: locked rows); every write depends on ``g``, so either all happen or none (an
+    #: empty result: the caller falls back to the locked path); a failing insert aborts
+    #: the whole statement.
+    pg_accept = text("""
+WITH g AS (
+  SELECT nodes.node_id FROM nodes
+  JOIN reputation ON reputation.node_id = nodes.node_id
+  JOIN leases ON leases.lease_id = :lease_id
+  WHERE nodes.node_id = :node_id AND nodes.bundles_accepted = :old_accepted
+    AND reputation.good = :old_good AND reputation.bad = :old_bad
+    AND reputation.updated_ms = :old_updated AND reputation.quarantined = :old_quarantined
+    AND leases.bundle_id IS NULL
+  FOR UPDATE OF nodes, reputation, leases
+), l AS (
+  UPDATE leases SET bundle_id = :bundle_id FROM g
+  WHERE leases.lease_id = :lease_id RETURNING leases.dataset
+), n AS (
+  UPDATE nodes SET bundles_accepted = nodes.bundles_accepted + 1,
+    reward_mismatches = nodes.reward_mismatches + :mismatches,
+    completions = nodes.completions + :completions,
+    completion_tokens = nodes.completion_tokens + :tokens,
+    last_seen_ms = GREATEST(nodes.last_seen_ms, :now), policy_version = :policy
+  FROM g WHERE nodes.node_id = g.node_id RETURNING nodes.*
+), r AS (
+  UPDATE reputation SET good = :good, bad = :bad, updated_ms = :updated,
+    quarantined = :quarantined
+  FROM g WHERE reputation.node_id = g.node_id RETURNING reputation.bundles_rejected
+), b AS (
+  INSERT INTO bundles (bundle_id, node_id, task_id, lease_id, fingerprint, envelope,
+    verified_rewards, mean_reward, zero_variance, completions, completion_tokens,
+    size_bytes, reward_mismatches, policy_version, stored_at_ms, text_verified,
+    stored_quarantined)
+  SELECT :bundle_id, :node_id, :task_id, :lease_id, :fingerprint, :envelope,
+    CAST(:rewards AS json), :mean_reward, :zero_variance, :completions, :tokens,
+    :size_bytes, :mismatches, :policy, :now, :text_verified, :old_quarantined
+  FROM g RETURNING bundles.sequence
+), v AS (
+  INSERT INTO verdicts (node_id, bundle_id, code, reason, at_ms)
+  SELECT :node_id, :bundle_id, 0, :reason, :now FROM g
+), e AS (
+  INSERT INTO evidence (node_id, at_ms, kind, weight, detail, reporter_node_id, bundle_id)
+  SELECT :node_id, :now, x.kind, x.weight, x.detail, x.reporter_node_id, x.bundle_id
+  FROM g, jsonb_to_recordset(CAST(:events AS jsonb)) AS x(kind text, weight float8,
+    detail text, reporter_node_id text, bundle_id text)
+)
+SELECT n.*, r.bundles_rejected AS rep_rejected, l.dataset AS dataset,
+  b.sequence AS sequence FROM n, r, l, b""")
+
+
+#: The four relay page statements, by ``(fingerprint given, skip_zero_variance)``.
+_Hot.relay_pages.update({(f, z): _Hot._relay_page(f, z)
+                         for f in (False, True) for z in (False, True)})
 
 
 class SqlState(State):
@@ -436,8 +563,16 @@ class SqlState(State):
         DatabaseError: if the database cannot be reached or migrated.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, task_block: int = TASK_BLOCK) -> None:
         from ftis.coordinator.state import migrate
+
+        if task_block < 1:
+            raise ValueError(f"task_block {task_block} < 1")
+        #: Task numbers reserved per update of the draw counter (:meth:`lease_block`).
+        self.task_block = task_block
+        #: ``[next, end)``: numbers of this process's committed block not handed out yet.
+        self._block = (0, 0)
+        self._block_lock = threading.Lock()
 
         url = normalize_url(url)
         self.url = url
@@ -463,6 +598,9 @@ class SqlState(State):
                 event.listen(self.engine, "connect", _sqlite_connect)
                 event.listen(self.engine, "begin", _sqlite_begin)
             self._write_engine = self.engine.execution_options(ftis_write=True)
+            #: SQLite connections for one read statement: no BEGIN (the driver runs a
+            #: lone statement atomically, as its own implicit transaction)
+            self._single_engine = self.engine.execution_options(ftis_single=True)
             self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
             migrate.upgrade(self._write_engine)
         except (SQLAlchemyError, CommandError, ImportError, ValueError, OSError) as exc:
@@ -479,7 +617,7 @@ class SqlState(State):
         #: SQLite: the submit and lease writes share transactions and fsyncs
         #: (:mod:`.group_commit`); PostgreSQL commits concurrently from many connections.
         self._group: GroupCommit | None = (
-            GroupCommit(self._write_engine.begin, sqlalchemy_savepoint, lock)
+            GroupCommit(self._write_engine.begin, dbapi_savepoint, lock)
             if isinstance(lock, type(threading.RLock())) else None)
 
     @contextlib.contextmanager
@@ -513,7 +651,7 @@ class SqlState(State):
         """A connection for ONE read statement, without a transaction around it (no
         BEGIN/COMMIT round trips; a single statement reads one consistent snapshot)."""
         if self.is_sqlite:  # pysqlite: a lone SELECT outside a transaction is atomic too
-            with self._read_conn() as conn:
+            with self._read_lock, self._single_engine.connect() as conn:
                 yield conn
             return
         with self._read_lock, self._autocommit.connect() as conn:
@@ -684,7 +822,15 @@ class SqlState(State):
             "b_lease_id": bundle.lease_id, "b_bundle_id": bundle.bundle_id}).scalar()
         if dataset is None:
             raise FtisError(ErrorCode.BUNDLE_REPLAYED, f"lease {bundle.lease_id} already answered")
-        values = {
+        values = self._bundle_values(bundle, now_ms, stored_quarantined)
+        sequence = session.execute(_Hot.insert_bundle, values).scalar_one()
+        return self._bundle_record(types.SimpleNamespace(**values, sequence=sequence), dataset)
+
+    @staticmethod
+    def _bundle_values(bundle: NewBundle, now_ms: int, stored_quarantined: bool
+                       ) -> dict[str, Any]:
+        """The ``bundles`` row of ``bundle`` (without its sequence)."""
+        return {
             "bundle_id": bundle.bundle_id, "node_id": bundle.node_id,
             "task_id": bundle.task_id, "lease_id": bundle.lease_id,
             "fingerprint": bundle.fingerprint, "envelope": bundle.envelope,
@@ -695,8 +841,6 @@ class SqlState(State):
             "policy_version": bundle.policy_version, "stored_at_ms": now_ms,
             "text_verified": bundle.text_verified, "stored_quarantined": stored_quarantined,
         }
-        sequence = session.execute(_Hot.insert_bundle, values).scalar_one()
-        return self._bundle_record(types.SimpleNamespace(**values, sequence=sequence), dataset)
 
     def _locked_node_row(self, session: Session | Connection, node_id: str) -> Any:
         """The node's :data:`_NODE_COLUMNS` row with its node row locked (FOR UPDATE OF
@@ -716,12 +860,13 @@ class SqlState(State):
         return m
 
     def _write_standing(self, session: Session | Connection, node_id: str, standing: Standing,
-                        events: list[Evidence], now_ms: int) -> None:
-        """Store ``standing`` and one evidence row per event (Core statements)."""
+                        events: list[Evidence], now_ms: int, rejected: int) -> None:
+        """Store ``standing`` and the rejection counter ``rejected`` (one UPDATE) and one
+        evidence row per event (one INSERT of them all; Core statements)."""
         session.execute(_Hot.update_standing, {
             "b_node_id": node_id, "b_good": float(standing.good), "b_bad": float(standing.bad),
             "b_updated": int(standing.updated_at_ms),
-            "b_quarantined": bool(standing.quarantined)})
+            "b_quarantined": bool(standing.quarantined), "b_rejected": rejected})
         if events:
             session.execute(_Hot.insert_evidence, [
                 {"node_id": node_id, "at_ms": now_ms, "kind": _clean(e.kind),
@@ -730,7 +875,8 @@ class SqlState(State):
                  "bundle_id": _clean(e.bundle_id)} for e in events])
 
     def commit_submission(
-        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None
+        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None = None,
+        expected: NodeRecord | None = None,
     ) -> CommittedVerdict:
         if verdict.evidence and update is None:
             raise ValueError("commit_submission: evidence needs an update function")
@@ -738,6 +884,112 @@ class SqlState(State):
             raise ValueError("commit_submission: a bundle iff code == 0")
         if verdict.bundle is not None and verdict.bundle.node_id != verdict.node_id:
             raise ValueError("commit_submission: the bundle's node is not the verdict's")
+        if (expected is not None and verdict.bundle is not None
+                and expected.node_id == verdict.node_id and _storable(expected.node_id)):
+            try:
+                done = self._commit_expected(verdict, verdict.bundle, now_ms, update, expected)
+            except IntegrityError as exc:
+                raise FtisError(
+                    ErrorCode.BUNDLE_REPLAYED,
+                    f"lease {verdict.bundle.lease_id} or bundle already stored",
+                ) from exc
+            except _Stale:
+                done = None
+            if done is not None:
+                return done
+        return self._commit_locked(verdict, now_ms, update)
+
+    def _commit_expected(
+        self, verdict: Verdict, bundle: NewBundle, now_ms: int,
+        update: StandingUpdate | None, expected: NodeRecord,
+    ) -> CommittedVerdict | None:
+        """An accepted bundle's commit without reading the node first: the standing is
+        computed from ``expected`` (the snapshot's record), and every write holds only
+        if the node's ``bundles_accepted`` and standing are still those (compare and
+        swap). One statement on PostgreSQL; on SQLite six statements in the group
+        commit's savepoint. Returns ``None`` (nothing written) when the rows changed
+        since the snapshot or the lease was answered; the caller then takes the locked
+        path, which also tells the cases apart."""
+        old = expected.standing
+        standing = old
+        if verdict.evidence:
+            assert update is not None
+            standing = update(old, expected.bundles_accepted + 1)
+        events = [{"kind": _clean(e.kind), "weight": float(e.weight),
+                   "detail": _clean(e.detail[:2000]),
+                   "reporter_node_id": _clean(e.reporter_node_id),
+                   "bundle_id": _clean(e.bundle_id)} for e in verdict.evidence]
+        reason = _clean(verdict.reason)
+        if self.is_postgres:
+            with self._autocommit.connect() as conn:
+                m = conn.execute(_Hot.pg_accept, {
+                    "node_id": bundle.node_id, "lease_id": bundle.lease_id,
+                    "old_accepted": expected.bundles_accepted,
+                    "old_good": float(old.good), "old_bad": float(old.bad),
+                    "old_updated": int(old.updated_at_ms),
+                    "old_quarantined": bool(old.quarantined),
+                    "bundle_id": bundle.bundle_id, "mismatches": bundle.reward_mismatches,
+                    "completions": bundle.completions, "tokens": bundle.completion_tokens,
+                    "now": now_ms, "policy": bundle.policy_version,
+                    "good": float(standing.good), "bad": float(standing.bad),
+                    "updated": int(standing.updated_at_ms),
+                    "quarantined": bool(standing.quarantined),
+                    "task_id": bundle.task_id, "fingerprint": bundle.fingerprint,
+                    "envelope": bundle.envelope,
+                    "rewards": json.dumps([float(r) for r in bundle.verified_rewards]),
+                    "mean_reward": bundle.mean_reward, "zero_variance": bundle.zero_variance,
+                    "size_bytes": bundle.size_bytes, "text_verified": bundle.text_verified,
+                    "reason": reason, "events": json.dumps(events),
+                }).first()
+            if m is None:
+                return None
+            rep_values = {"rep_good": float(standing.good), "rep_bad": float(standing.bad),
+                          "rep_updated_ms": int(standing.updated_at_ms),
+                          "rep_quarantined": bool(standing.quarantined),
+                          "rep_node_id": bundle.node_id}
+            row = types.SimpleNamespace(**dict(m._mapping), **rep_values)
+            stored = self._bundle_record(types.SimpleNamespace(
+                **self._bundle_values(bundle, now_ms, bool(old.quarantined)),
+                sequence=int(m.sequence)), m.dataset)
+            return CommittedVerdict(bundle=stored, node=self._node_from_row(row))
+
+        def work(conn: Connection) -> CommittedVerdict:
+            node = conn.execute(_Hot.bump_node, {
+                "b_node_id": bundle.node_id, "b_old_accepted": expected.bundles_accepted,
+                "b_mismatches": bundle.reward_mismatches, "b_completions": bundle.completions,
+                "b_tokens": bundle.completion_tokens, "b_now": now_ms,
+                "b_policy": bundle.policy_version}).first()
+            if node is None:
+                raise _Stale
+            rejected = conn.execute(_Hot.swap_standing, {
+                "b_node_id": bundle.node_id, "b_old_good": float(old.good),
+                "b_old_bad": float(old.bad), "b_old_updated": int(old.updated_at_ms),
+                "b_old_quarantined": bool(old.quarantined),
+                "b_good": float(standing.good), "b_bad": float(standing.bad),
+                "b_updated": int(standing.updated_at_ms),
+                "b_quarantined": bool(standing.quarantined)}).scalar()
+            if rejected is None:
+                raise _Stale
+            stored = self._answer_lease_and_insert(conn, bundle, now_ms, bool(old.quarantined))
+            conn.execute(_Hot.insert_verdict, {
+                "node_id": bundle.node_id, "bundle_id": bundle.bundle_id, "code": 0,
+                "reason": reason, "at_ms": now_ms})
+            if events:
+                conn.execute(_Hot.insert_evidence, [
+                    {"node_id": bundle.node_id, "at_ms": now_ms, **e} for e in events])
+            row = types.SimpleNamespace(
+                **dict(node._mapping), rep_good=float(standing.good),
+                rep_bad=float(standing.bad), rep_updated_ms=int(standing.updated_at_ms),
+                rep_quarantined=bool(standing.quarantined), rep_rejected=rejected,
+                rep_node_id=bundle.node_id)
+            return CommittedVerdict(bundle=stored, node=self._node_from_row(row))
+
+        return self._hot_write(work)
+
+    def _commit_locked(
+        self, verdict: Verdict, now_ms: int, update: StandingUpdate | None
+    ) -> CommittedVerdict:
+        """:meth:`commit_submission` with the node's rows locked and read first."""
         nodes, reps = NodeRow.__table__, ReputationRow.__table__
 
         def work(session: Connection) -> CommittedVerdict:
@@ -765,9 +1017,7 @@ class SqlState(State):
                     "policy_version": bundle.policy_version,
                 }
             elif m is not None:
-                rejected += 1
-                session.execute(reps.update().where(reps.c.node_id == m.node_id)
-                                .values(bundles_rejected=rejected))
+                rejected += 1  # written below, with the standing when there is one
             session.execute(_Hot.insert_verdict, {
                 "node_id": _clean(verdict.node_id), "bundle_id": _clean(verdict.bundle_id),
                 "code": int(verdict.code), "reason": _clean(verdict.reason),
@@ -788,7 +1038,10 @@ class SqlState(State):
                                  bool(m.rep_quarantined)),
                         changes.get("bundles_accepted", m.bundles_accepted))
                     self._write_standing(session, m.node_id, standing,
-                                         list(verdict.evidence), now_ms)
+                                         list(verdict.evidence), now_ms, rejected)
+                elif bundle is None:
+                    session.execute(reps.update().where(reps.c.node_id == m.node_id)
+                                    .values(bundles_rejected=rejected))
                 if verdict.ban_reason is not None:
                     changes.update(banned=True, ban_reason=verdict.ban_reason)
                 if changes:
@@ -926,10 +1179,13 @@ class SqlState(State):
         self, node_id: str, count: int, now_ms: int, max_outstanding: int,
         make: Callable[[int], list[LeaseRecord]],
     ) -> list[LeaseRecord]:
+        """See :meth:`State.lease_block`. Task numbers come from a block of
+        :attr:`task_block` numbers this process reserved from the shared counter (one
+        counter update per block, not per lease); see :meth:`_take_numbers`."""
         if count < 0:
             raise ValueError(f"lease_block: count {count} < 0")
 
-        def work(session: Connection) -> list[LeaseRecord]:
+        def work(session: Connection) -> tuple[list[LeaseRecord], tuple[int, int] | None]:
             # The node's row lock serialises lease_block calls for one node across
             # workers (on SQLite, BEGIN IMMEDIATE serialises every writer).
             locked = (session.execute(_Hot.lock_node_id, {"node_id": node_id}).first()
@@ -944,13 +1200,44 @@ class SqlState(State):
                     f"{outstanding} leases outstanding + {count} requested > "
                     f"limit {max_outstanding}; submit or let them expire",
                 )
-            start = self._reserve(session, TASK_DRAWS, count)
+            if count == 0:
+                return [], None
+            start, pending = self._take_numbers(session, count)
             leases = list(make(start))
             if leases:
                 session.execute(_Hot.insert_leases, [self._lease_values(x) for x in leases])
-            return leases
+            return leases, pending
 
-        return self._hot_write(work)
+        leases, pending = self._hot_write(work)
+        if pending is not None:  # committed: its remaining numbers are ours to hand out
+            with self._block_lock:  # the longer rest is kept (the newer on a tie)
+                if pending[1] - pending[0] >= self._block[1] - self._block[0]:
+                    self._block = pending
+        return leases
+
+    def _take_numbers(self, conn: Connection, count: int) -> tuple[int, tuple[int, int] | None]:
+        """``count`` consecutive task numbers: ``(start, pending)``.
+
+        From this process's block when it has ``count`` left (no statement at all).
+        Otherwise a new block of ``max(task_block, count)`` numbers is reserved from the
+        shared counter in the caller's transaction; its rest comes back as ``pending``
+        (``[next, end)``), which the caller keeps only once that transaction committed,
+        so a block whose reservation rolled back is never handed out. Numbers are never
+        handed out twice: every block is a committed counter range of its own process,
+        and numbers are taken from it under a lock. Numbers can be skipped (a gap):
+        the rest of a block too short for a request, numbers taken by a transaction
+        that then rolled back, and the unused rest of a block when the process dies
+        (:meth:`close` gives the rest back when no other process reserved after it).
+        A gap skips tasks of the mix, nothing else: task number ``n`` is still
+        ``TaskSource.at(n)`` everywhere."""
+        with self._block_lock:
+            start, end = self._block
+            if end - start >= count:
+                self._block = (start + count, end)
+                return start, None
+        size = max(self.task_block, count)
+        start = self._reserve(conn, TASK_DRAWS, size)
+        return start, (start + count, start + size)
 
     @staticmethod
     def _reserve(session: Session | Connection, name: str, n: int) -> int:
@@ -1031,8 +1318,8 @@ class SqlState(State):
             return self._node_record(row, rep)
 
     def get_node(self, node_id: str) -> NodeRecord | None:
-        with self._read_conn() as session:
-            return self._read_node(session, node_id)
+        with self._snapshot_conn() as conn:
+            return self._read_node(conn, node_id)
 
     def resolve_node(self, id_or_prefix: str) -> NodeRecord:
         if not id_or_prefix:
@@ -1176,48 +1463,39 @@ class SqlState(State):
         fingerprint: str = "",
         skip_zero_variance: bool = False,
     ) -> tuple[list[BundleRecord], int]:
-        with self._read_conn() as session:
-            max_seq = int(session.scalar(select(func.max(BundleRow.sequence))) or 0)
-            b, lz, rp, nd = (BundleRow.__table__, LeaseRow.__table__,
-                             ReputationRow.__table__, NodeRow.__table__)
-            query = (  # Core: rows, not ORM objects
-                select(*b.c, lz.c.dataset, lz.c.entry_json, rp.c.good, rp.c.bad,
-                       rp.c.updated_ms)
-                .select_from(b.join(nd, nd.c.node_id == b.c.node_id)
-                             .join(lz, lz.c.lease_id == b.c.lease_id)
-                             .outerjoin(rp, rp.c.node_id == b.c.node_id))
-                .where(
-                    b.c.sequence > cursor,
-                    b.c.sequence <= max_seq,
-                    b.c.node_id != requester_id,
-                    nd.c.banned.is_(False),
-                    or_(rp.c.quarantined.is_(None), rp.c.quarantined.is_(False)),
-                    b.c.stored_quarantined.is_(False),
-                )
-                .order_by(b.c.sequence)
-                .limit(limit)
-            )
-            if fingerprint:
-                query = query.where(b.c.fingerprint == fingerprint)
-            if skip_zero_variance:
-                query = query.where(b.c.zero_variance.is_(False))
-            page: list[BundleRecord] = []
-            used = 0
-            full = False
-            for m in session.execute(query):
+        query = _Hot.relay_pages[(bool(fingerprint), bool(skip_zero_variance))]
+        params = {"cursor": int(cursor), "requester": requester_id, "limit": int(limit),
+                  "fingerprint": fingerprint}
+        page: list[BundleRecord] = []
+        used = 0
+        full = False
+        max_seq = None
+        with self._snapshot_conn() as conn:  # one statement: one consistent snapshot
+            for m in conn.execute(query, params):
+                max_seq = m.max_seq
                 if page and used + m.size_bytes > max_bytes:
                     full = True
                     break
-                page.append(dataclasses.replace(
-                    self._bundle_record(m, m.dataset),
+                page.append(BundleRecord(
+                    sequence=m.sequence, bundle_id=m.bundle_id, node_id=m.node_id,
+                    task_id=m.task_id, lease_id=m.lease_id, dataset=m.dataset,
+                    fingerprint=m.fingerprint, envelope=m.envelope,
+                    verified_rewards=[float(r) for r in m.verified_rewards],
+                    mean_reward=m.mean_reward, zero_variance=m.zero_variance,
+                    completions=m.completions, completion_tokens=m.completion_tokens,
+                    size_bytes=m.size_bytes, reward_mismatches=m.reward_mismatches,
+                    policy_version=m.policy_version, stored_at_ms=m.stored_at_ms,
+                    text_verified=bool(m.text_verified),
                     sender_standing=Standing(float(m.good or 0), float(m.bad or 0),
                                              int(m.updated_ms or 0)),
                     question=TaskEntry.from_json(m.entry_json).question))
                 used += m.size_bytes
-            if len(page) >= limit:
-                full = True
-            next_cursor = page[-1].sequence if full and page else max_seq
-            return page, next_cursor
+            if max_seq is None:  # an empty page: the cursor moves to the newest bundle
+                max_seq = conn.scalar(_Hot.max_sequence)
+        if len(page) >= limit:
+            full = True
+        next_cursor = page[-1].sequence if full and page else int(max_seq or 0)
+        return page, next_cursor
 
     def list_bundles(self, node_prefix: str = "", limit: int = 50) -> list[BundleRecord]:
         query = (
@@ -1540,6 +1818,18 @@ class SqlState(State):
         )
 
     def close(self) -> None:
+        """Give back the unused rest of this process's task block when nobody reserved
+        after it (one conditional update; otherwise the rest stays a gap), then release
+        the connections."""
+        with self._block_lock:
+            start, end = self._block
+            self._block = (0, 0)
+        if end > start:
+            with contextlib.suppress(SQLAlchemyError), self._write_conn() as conn:
+                counters = CounterRow.__table__
+                conn.execute(update(counters).where(counters.c.name == TASK_DRAWS,
+                                                    counters.c.value == end)
+                             .values(value=start))
         self.engine.dispose()
 
 
