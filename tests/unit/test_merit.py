@@ -105,3 +105,51 @@ def test_lora_deltas_are_averaged_not_their_factors() -> None:
     assert not torch.allclose(deltas, factors)
     with pytest.raises(ValueError):
         lora_delta(a, torch.ones(2, 2), 1.0)
+
+
+def _learner(policy):  # noqa: ANN001, ANN202
+    from ftis.client.learner.trainer import Learner, LearnerConfig
+
+    return Learner(policy.model, LearnerConfig(), pad_token_id=0)
+
+
+def test_policy_gradient_is_the_step_direction_without_the_step(tiny_policy_factory) -> None:
+    from ftis.client.rollout.groups import RolloutGroup
+
+    policy = tiny_policy_factory()
+    learner = _learner(policy)
+    before = [p.detach().clone() for p in learner.params]
+    varied = RolloutGroup(prompt_ids=[5, 6, 7], completions=[[8, 9], [10, 11, 12]],
+                          gen_logprobs=[[-1.0, -2.0], [-1.5, -0.5, -2.5]],
+                          rewards=[1.0, 0.0], local=True)
+    flat = learner.policy_gradient([varied])
+    assert flat.shape == (sum(p.numel() for p in learner.params),)
+    assert bool(torch.isfinite(flat).all()) and float(flat.norm()) > 0
+    # nothing moved, and no gradient is left behind
+    assert all(torch.equal(a, p) for a, p in zip(before, learner.params, strict=True))
+    assert all(p.grad is None for p in learner.params)
+    # equal rewards: no advantage, no gradient
+    flat_rewards = RolloutGroup(prompt_ids=[5, 6, 7], completions=[[8, 9], [10, 11, 12]],
+                                gen_logprobs=[[-1.0, -2.0], [-1.5, -0.5, -2.5]],
+                                rewards=[1.0, 1.0], local=True)
+    assert float(learner.policy_gradient([flat_rewards]).norm()) == 0.0
+    # the same groups give the same gradient (deterministic, no state carried over)
+    assert torch.equal(learner.policy_gradient([varied]), flat)
+
+
+def test_family_gradients_on_a_tiny_model(tiny_policy_factory) -> None:
+    from ftis.client.rollout.sampler import SamplingSettings
+    from ftis.lab.merit.gradients import family_gradients
+    from ftis.tasks import TaskSpec
+
+    policy = tiny_policy_factory()
+    families = [TaskSpec(dataset="letter_counting"), TaskSpec(dataset="chain_sum")]
+    out = family_gradients(policy, _learner(policy), families, groups=2, group_size=4,
+                           sampling=SamplingSettings(temperature=1.0, max_new_tokens=6))
+    assert [f.dataset for f in out] == ["letter_counting", "chain_sum"]
+    for f in out:
+        assert f.gradient.shape == (sum(p.numel() for p in policy.model.parameters()
+                                        if p.requires_grad),)
+        assert 0 < f.tokens <= 2 * 4 * 6 and 0.0 <= f.mean_reward <= 1.0
+        # a gradient exactly where some group had reward variance
+        assert (float(f.gradient.norm()) > 0) == (f.informative_groups > 0)
