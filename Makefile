@@ -10,7 +10,7 @@ ROUNDS ?= 20
 SEED ?= 0
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup test-deps installer-deps installers test-installers test test-fast demo bench bench-learner bench-coordinator bench-soak experiments proto lint clean
+.PHONY: setup test-deps installer-deps installers test-installers test test-fast demo bench bench-learner bench-coordinator bench-attack bench-soak experiments proto lint clean
 
 setup: $(STAMP)
 
@@ -108,6 +108,12 @@ bench-learner: setup
 # N = 32 (docs/benchmarks.md).
 bench-coordinator: setup test-deps
 	$(BIN)/python bench/coordinator_load.py
+
+# Honest latency while one identity or one connection misbehaves (issue 13): 8 paced
+# honest volunteers against production defaults, one attacker process per run, the
+# attack-free runs first and last as the reference; last line worst_p99_ratio=...
+bench-attack: setup
+	$(BIN)/python bench/coordinator_under_attack.py
 
 # A node that runs for days (issue 14, part 6): one tiny-model `ftis-client start` against a
 # local coordinator for SOAK_MINUTES (default 60), sampling the client's RSS, open fds and

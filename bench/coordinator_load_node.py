@@ -274,10 +274,10 @@ def _channel(target: str) -> grpc.aio.Channel:
 
 async def volunteer_loop(target: str, identity: NodeIdentity, material: Material,
                          stats: LoadStats, *, pull_max: int = 8, timeout_s: float = 60.0,
-                         skip_zero_variance: bool = False) -> None:
+                         skip_zero_variance: bool = False, pace_s: float = 0.0) -> None:
     """LeaseTasks(count=1) -> SubmitBundle -> PullBundles(max_bundles=pull_max, one page),
-    until cancelled. Every error is recorded; the loop pauses :data:`ERROR_PAUSE_S` after
-    one and goes on."""
+    until cancelled, waiting ``pace_s`` seconds after each loop (0: a closed loop). Every
+    error is recorded; the loop pauses :data:`ERROR_PAUSE_S` after one and goes on."""
     node_id = identity.node_id
     fingerprint = material.card.tokenizer_fingerprint
     g, k = material.group_size, material.tokens
@@ -334,6 +334,8 @@ async def volunteer_loop(target: str, identity: NodeIdentity, material: Material
             cursor = max(cursor, pulled.next_cursor)
             if stats.start <= clock() <= stats.end:
                 stats.relayed += len(pulled.bundles)
+            if pace_s > 0:
+                await asyncio.sleep(pace_s)
     finally:
         await channel.close(grace=None)
 

@@ -194,11 +194,13 @@ class CoordinatorProcess:
         db_url: the database.
         workers: ``--workers`` (only passed when not ``None``).
         source: run the coordinator from this source tree (see :func:`_env`).
+        settings: the ``--config`` JSON (default :func:`coordinator_settings`).
     """
 
     def __init__(self, workdir: Path, db_url: str, tag: str, workers: int | None = None,
-                 source: Path | None = None) -> None:
+                 source: Path | None = None, settings: dict | None = None) -> None:
         self.source = source
+        self.settings = settings if settings is not None else coordinator_settings()
         self.workdir = workdir
         self.db_url = db_url
         self.tag = tag
@@ -214,7 +216,7 @@ class CoordinatorProcess:
             RuntimeError: the process exited or did not get ready in time.
         """
         config = self.workdir / "coordinator.json"
-        config.write_text(json.dumps(coordinator_settings(), indent=1))
+        config.write_text(json.dumps(self.settings, indent=1))
         ready = self.workdir / f"coordinator-{self.tag}.ready.json"
         ready.unlink(missing_ok=True)
         cmd = [*serve_cmd(), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
