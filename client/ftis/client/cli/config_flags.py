@@ -10,7 +10,6 @@ changes in one place, the model (:mod:`ftis.client.node.config`). Every flag def
 
 from __future__ import annotations
 
-import functools
 import inspect
 import typing
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
+from ftis.client.cli.flag_groups import add_flag_group
 from ftis.client.node.config import SECTIONS, ClientConfig
 
 #: ClientConfig fields without a ``start`` flag of their own: the volunteer settings'
@@ -105,24 +105,4 @@ def with_config_flags(func: Callable[..., Any]) -> Callable[..., Any]:
 
     The configuration's flags come first, then ``func``'s own parameters.
     """
-    own = inspect.signature(func, eval_str=True)
-    hints = typing.get_type_hints(func, include_extras=True)
-    config = config_parameters()
-    keys = {p.name for p in config}
-    clash = keys & set(own.parameters)
-    if clash:
-        raise TypeError(f"{func.__name__} already has parameters {sorted(clash)}")
-
-    @functools.wraps(func)
-    def wrapper(**kwargs: Any) -> Any:
-        given = {k: kwargs.pop(k, None) for k in keys}
-        return func(**kwargs, config_flags=given)
-
-    params = config + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-                       for p in own.parameters.values() if p.name != "config_flags"]
-    wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {**{k: v for k, v in hints.items()
-                                  if k not in ("config_flags", "return")},
-                               **{p.name: p.annotation for p in params}}
-    del wrapper.__wrapped__  # typer must read the signature above, not func's
-    return wrapper
+    return add_flag_group(func, config_parameters(), "config_flags", first=True)

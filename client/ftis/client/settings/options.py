@@ -8,7 +8,6 @@ flag > env > file > default.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import typing
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ftis.client.cli.flag_groups import add_flag_group
 from ftis.client.settings.model import VolunteerSettings, env_name, format_value
 
 #: Help panel of the settings' flags in ``ftis-client start --help``.
@@ -50,24 +50,4 @@ def with_setting_flags(func: Callable[..., Any]) -> Callable[..., Any]:
 
     ``func``'s own parameters keep their order; the settings' flags follow.
     """
-    own = inspect.signature(func, eval_str=True)
-    hints = typing.get_type_hints(func, include_extras=True)
-    keys = set(VolunteerSettings.model_fields)
-    clash = keys & set(own.parameters)
-    if clash:
-        raise TypeError(f"{func.__name__} already has parameters {sorted(clash)}")
-
-    @functools.wraps(func)
-    def wrapper(**kwargs: Any) -> Any:
-        given = {k: kwargs.pop(k, None) for k in keys}
-        return func(**kwargs, setting_flags=given)
-
-    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-              for p in own.parameters.values() if p.name != "setting_flags"]
-    params += setting_parameters()
-    wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {**{k: v for k, v in hints.items()
-                                  if k not in ("setting_flags", "return")},
-                               **{p.name: p.annotation for p in params}}
-    del wrapper.__wrapped__  # typer must read the signature above, not func's
-    return wrapper
+    return add_flag_group(func, setting_parameters(), "setting_flags", first=False)
