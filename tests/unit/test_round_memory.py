@@ -95,6 +95,22 @@ def test_guard_waits_until_memory_frees_up():
     assert "44 MiB available" in waits[0].reason
 
 
+def test_a_wait_for_memory_rechecks_the_pause_settings_after_every_poll():
+    events: list[str] = []
+    probe = Probe((1000, 300, 8000), (1000, 300, 8000), (1000, 900, 8000))
+    guard = RoundMemoryGuard(1500 * MiB, "learning", probe=probe,
+                             sleep=lambda s: events.append("sleep"), poll_s=30.0, reserve=R,
+                             recheck=lambda: events.append("gate"))
+    assert guard().action == "run"
+    # the pause gate runs after each poll, so the last word before the round is its
+    assert events == ["sleep", "gate", "sleep", "gate"] and probe.calls == 3
+    # no wait, no gate call (the caller checked it just before)
+    events.clear()
+    assert RoundMemoryGuard(1500 * MiB, "learning", probe=Probe((1000, 4000, 8000)),
+                            recheck=lambda: events.append("gate"))().action == "run"
+    assert events == []
+
+
 def test_guard_runs_at_once_when_it_fits_and_refuses_what_never_fits():
     sleeps = []
     guard = RoundMemoryGuard(1500 * MiB, "learning", probe=Probe((1000, 4000, 8000)),

@@ -199,6 +199,8 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
                     on_pause(Decision(may_run=False, reasons=(decision.reason,)))
 
             guard = round_memory_guard(cfg, on_memory_wait)
+            if guard is not None:  # a long wait for memory re-checks the pause settings
+                guard.recheck = gate
 
             def before_round() -> None:
                 decision = gate()

@@ -516,11 +516,15 @@ class RoundMemoryGuard:
         poll_s: seconds between checks while waiting (default
             :data:`ROUND_MEMORY_POLL_S`).
         reserve: bytes left to the rest of the machine.
+        recheck: called after every poll while waiting, and may block: the volunteer
+            settings' pause gate (``RoundGate``), so that a node that waited for memory
+            does not start its round while the settings have paused it meanwhile.
     """
 
     def __init__(self, needed: int, phase: str, cap: int | None = None, *,
                  probe: Any = None, on_wait: Any = None, sleep: Any = None,
-                 poll_s: float | None = None, reserve: int = ROUND_MEMORY_RESERVE) -> None:
+                 poll_s: float | None = None, reserve: int = ROUND_MEMORY_RESERVE,
+                 recheck: Any = None) -> None:
         import time
 
         self.needed, self.phase, self.cap = needed, phase, cap
@@ -528,6 +532,7 @@ class RoundMemoryGuard:
         self.sleep = sleep or time.sleep
         self.poll_s = ROUND_MEMORY_POLL_S if poll_s is None else poll_s
         self.reserve = reserve
+        self.recheck = recheck
         #: seconds spent waiting for memory, all rounds together
         self.waited_s = 0.0
 
@@ -561,3 +566,5 @@ class RoundMemoryGuard:
                 last_reason = d.reason
             self.sleep(self.poll_s)
             self.waited_s += self.poll_s
+            if self.recheck is not None:
+                self.recheck()
