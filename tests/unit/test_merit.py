@@ -153,3 +153,85 @@ def test_family_gradients_on_a_tiny_model(tiny_policy_factory) -> None:
         assert 0 < f.tokens <= 2 * 4 * 6 and 0.0 <= f.mean_reward <= 1.0
         # a gradient exactly where some group had reward variance
         assert (float(f.gradient.norm()) > 0) == (f.informative_groups > 0)
+
+
+def test_merge_command_averages_two_trained_branches_by_tokens(tiny_model_dir, tmp_path) -> None:
+    """Two full fine-tune branches (checkpoints of one step each, as ftis-client writes
+    them) merged 1 : 3 by tokens: every merged weight is W0 + 0.25 d1 + 0.75 d2."""
+    from typer.testing import CliRunner
+
+    from ftis.client.learner.checkpoint import save_checkpoint
+    from ftis.client.models.loader import load_policy
+    from ftis.lab.cli.main import app
+
+    base = load_policy(str(tiny_model_dir))
+    w0 = {k: v.detach().clone() for k, v in base.model.state_dict().items()}
+    trained = []
+    for i, scale in enumerate((1e-2, -2e-2)):
+        policy = load_policy(str(tiny_model_dir))
+        learner = _learner(policy)
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                p.add_(scale)
+        save_checkpoint(tmp_path / f"b{i}" / "checkpoints", 1, policy.model, learner.optimizer,
+                        {})
+        trained.append({k: v.detach().clone() for k, v in policy.model.state_dict().items()})
+    result = CliRunner().invoke(app, [
+        "merit", "merge", "--base", str(tiny_model_dir), "--peft", "none",
+        "--branch", f"{tmp_path / 'b0'}:100", "--branch", f"{tmp_path / 'b1'}:300",
+        "--out", str(tmp_path / "merged")])
+    assert result.exit_code == 0, result.output
+    merged = load_policy(str(tmp_path / "merged")).model.state_dict()
+    name = next(k for k in w0 if k.endswith("q_proj.weight"))
+    expected = (w0[name] + 0.25 * (trained[0][name] - w0[name])
+                + 0.75 * (trained[1][name] - w0[name]))
+    assert torch.allclose(merged[name], expected, atol=1e-6)
+    # 0.25 * 1e-2 + 0.75 * -2e-2 = -0.0125 on every trainable weight
+    assert torch.allclose(merged[name] - w0[name], torch.full_like(w0[name], -0.0125), atol=1e-6)
+    # a branch without a checkpoint is a usage error, not a traceback
+    bad = CliRunner().invoke(app, ["merit", "merge", "--base", str(tiny_model_dir),
+                                   "--peft", "none", "--branch", f"{tmp_path}:1",
+                                   "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "no checkpoint" in bad.output
+
+
+def test_plan_refuses_families_without_gradient(tiny_model_dir) -> None:
+    from ftis.lab.merit.run import MeritError, plan
+
+    # a tiny random model never solves 2-digit products: no reward variance
+    with pytest.raises(MeritError, match="no reward variance"):
+        plan(str(tiny_model_dir), ["products", "chain_sum"], peft="lora", groups=1,
+             group_size=2, max_new_tokens=4)
+
+
+def test_merge_of_lora_branches_is_the_token_weighted_sum_of_their_deltas(
+        tiny_model_dir, tmp_path) -> None:
+    from ftis.client.learner.checkpoint import save_checkpoint
+    from ftis.client.models.loader import load_policy
+    from ftis.lab.merit.run import Branch, merge
+
+    w0 = load_policy(str(tiny_model_dir)).model.state_dict()
+    deltas = []
+    for i, value in enumerate((0.01, 0.03)):
+        policy = load_policy(str(tiny_model_dir), peft="lora")
+        learner = _learner(policy)
+        (a_name, a), = [(n, p) for n, p in policy.model.named_parameters()
+                        if "layers.0.self_attn.q_proj.lora_A" in n]
+        (b,) = [p for n, p in policy.model.named_parameters()
+                if "layers.0.self_attn.q_proj.lora_B" in n]
+        with torch.no_grad():
+            b.fill_(value)  # B starts at 0: give each branch its own delta
+        module = policy.model.get_submodule(a_name.rsplit(".lora_A", 1)[0])
+        deltas.append(lora_delta(a.detach(), b.detach(), module.scaling["default"]))
+        save_checkpoint(tmp_path / f"b{i}" / "checkpoints", 1, policy.model,
+                        learner.optimizer, {})
+    record = merge(str(tiny_model_dir), [Branch(tmp_path / "b0", 100.0),
+                                         Branch(tmp_path / "b1", 300.0)],
+                   tmp_path / "merged", peft="lora")
+    assert record["weights"] == [0.25, 0.75]
+    merged = load_policy(str(tmp_path / "merged")).model.state_dict()
+    name = next(k for k in w0 if k.endswith("layers.0.self_attn.q_proj.weight"))
+    expected = w0[name].double() + 0.25 * deltas[0] + 0.75 * deltas[1]
+    assert torch.allclose(merged[name].double(), expected, atol=1e-6)
+    other = next(k for k in w0 if k.endswith("layers.0.self_attn.k_proj.weight"))
+    assert torch.allclose(merged[other], w0[other])  # untouched adapters: no change

@@ -1,8 +1,9 @@
 """``ftis-lab``: research and security tooling around the volunteer client.
 
 ``demo`` (a local swarm and its report), ``experiment`` (experiment matrices), ``attack``
-(one misbehaving volunteer) and ``security-experiment`` (every attacker against a local
-swarm). Honest nodes are still ``ftis-client start`` processes; only attackers run here.
+(one misbehaving volunteer), ``security-experiment`` (every attacker against a local
+swarm) and ``merit`` (MERIT's conflict-aware split and one-shot merge). Honest nodes
+are still ``ftis-client start`` processes; only attackers run here.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from typing import Annotated
 
 import typer
 
-from ftis.lab.cli import attack, demo, experiment
+from ftis.lab.cli import attack, demo, experiment, merit
 
 #: Every command of ``ftis-lab``.
-LAB_COMMANDS = ("demo", "experiment", "attack", "security-experiment")
+LAB_COMMANDS = ("demo", "experiment", "attack", "security-experiment", "merit")
 
 app = typer.Typer(help="FTIS research and security tooling (not for volunteers).",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -39,6 +40,7 @@ app.command("demo")(demo.demo)
 app.command("experiment")(experiment.experiment)
 app.command("attack")(attack.attack)
 app.command("security-experiment")(attack.security_experiment)
+app.add_typer(merit.app, name="merit")
 
 if __name__ == "__main__":
     app()
