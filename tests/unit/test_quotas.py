@@ -195,3 +195,54 @@ def test_limits_in_config_env_and_cli(monkeypatch, tmp_path) -> None:
         parse_overrides(["no-equals-sign"])
     with pytest.raises(ValueError):
         make_config(bundles_per_minute=0)
+
+
+def test_a_sender_over_its_quota_is_refused_from_memory_for_a_moment() -> None:
+    """After one recorded RATE_LIMITED, the sender's next submissions within
+    REFUSAL_HOLD_MS are refused without a database read or write (no verdict row, no
+    evidence); then the database decides again."""
+    from ftis.coordinator.handlers.context import REFUSAL_HOLD_MS
+
+    clock = FakeClock()
+    coord = make_coordinator(clock, bundles_per_minute=1)
+    node = register(coord)
+    leases = coord.lease_tasks(node.node_id, 3, 2, 16)
+    envelopes = [seal_bundle(build_bundle(x, node), node) for x in leases]
+    coord.submit_bundle(envelopes[0])
+    assert _code(coord.submit_bundle, envelopes[1]) == ErrorCode.RATE_LIMITED
+    recorded = coord.state.rejections_by_code(node.node_id)
+    evidence = len(coord.evidence(node.node_id))
+    for _ in range(5):  # held: refused, nothing written
+        assert _code(coord.submit_bundle, envelopes[2]) == ErrorCode.RATE_LIMITED
+    assert coord.state.rejections_by_code(node.node_id) == recorded == {
+        ErrorCode.RATE_LIMITED: 1}
+    assert len(coord.evidence(node.node_id)) == evidence
+    assert coord.ctx.refusals.refused == 5
+    clock.advance(REFUSAL_HOLD_MS / 1000)  # the hold is over: recorded again
+    assert _code(coord.submit_bundle, envelopes[2]) == ErrorCode.RATE_LIMITED
+    assert coord.state.rejections_by_code(node.node_id) == {ErrorCode.RATE_LIMITED: 2}
+    clock.advance(61)  # the window moved: accepted
+    coord.submit_bundle(envelopes[2])
+    # another node is not held
+    other = register(coord)
+    (lease,) = coord.lease_tasks(other.node_id, 1, 2, 16)
+    coord.submit_bundle(seal_bundle(build_bundle(lease, other), other))
+
+
+def test_unattributable_refusals_write_at_most_their_budget_of_verdict_rows() -> None:
+    from ftis.coordinator.handlers.context import UNATTRIBUTED_VERDICTS_PER_S
+
+    clock = FakeClock()
+    coord = make_coordinator(clock)
+    node = register(coord)
+    (lease,) = coord.lease_tasks(node.node_id, 1, 2, 16)
+    bad = seal_bundle(build_bundle(lease, node), node)
+    bad.signature = bytes([bad.signature[0] ^ 1]) + bad.signature[1:]
+    for _ in range(50):  # all at the same instant
+        assert _code(coord.submit_bundle, bad) == ErrorCode.SIGNATURE_INVALID
+    budget = int(UNATTRIBUTED_VERDICTS_PER_S)
+    assert coord.state.rejections_by_code() == {ErrorCode.SIGNATURE_INVALID: budget}
+    assert coord.ctx.unattributed.dropped == 50 - budget
+    clock.advance(1.0)  # refilled: recorded again
+    assert _code(coord.submit_bundle, bad) == ErrorCode.SIGNATURE_INVALID
+    assert coord.state.rejections_by_code() == {ErrorCode.SIGNATURE_INVALID: budget + 1}

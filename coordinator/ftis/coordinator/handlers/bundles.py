@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from ftis.coordinator import reputation
-from ftis.coordinator.handlers.context import Context
+from ftis.coordinator.handlers.context import REFUSAL_HOLD_MS, Context
 from ftis.coordinator.state.base import BundleRecord, NodeRecord, SubmissionSnapshot, Verdict
 from ftis.coordinator.verify import (
     BundleQuota,
@@ -53,8 +53,14 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
     now = ctx.clock()
     try:
         opened = open_bundle(envelope, max_bundle_bytes=ctx.config.max_bundle_bytes)
-    except FtisError as err:  # not attributable to anyone: the verdict row only
+    except FtisError as err:  # not attributable to anyone: the verdict row only, budgeted
+        if not ctx.unattributed.allow(now):
+            raise
         _reject(ctx, Verdict(None, None, err.code, err.reason), now, err)
+    if ctx.refusals.held(opened.sender_id, now):
+        raise FtisError(ErrorCode.RATE_LIMITED,
+                        f"more than {ctx.config.bundles_per_minute:g} bundles or "
+                        f"{ctx.config.bundle_bytes_per_minute} bytes per minute; slow down")
     policy = ctx.policy
     snapshot = ctx.state.submission_snapshot(
         opened.sender_id, opened.bundle.task_id, opened.bundle_id,
@@ -161,6 +167,8 @@ def _reject(ctx: Context, verdict: Verdict, now: int, err: FtisError) -> NoRetur
     """Write a rejection's verdict (its evidence failing must never mask the rejection
     itself), then re-raise ``err``."""
     log.info("bundle rejected from %s: %s", verdict.node_id or "?", err)
+    if err.code == ErrorCode.RATE_LIMITED and verdict.node_id:
+        ctx.refusals.hold(verdict.node_id, now + REFUSAL_HOLD_MS)
     if verdict.ban_reason:
         log.warning("auto-banning node %s: %s", verdict.node_id, verdict.ban_reason)
         ctx.nodes.drop(verdict.node_id or "")

@@ -129,6 +129,74 @@ class NodeCache:
             self._nodes.pop(node_id, None)
 
 
+#: Milliseconds a sender's bundles are refused from memory after a recorded RATE_LIMITED.
+REFUSAL_HOLD_MS = 1000
+#: Verdict rows per second this process writes for refusals nobody can be charged for
+#: (an envelope whose signature does not verify); the rest are counted, not written.
+UNATTRIBUTED_VERDICTS_PER_S = 20.0
+
+
+class RefusalHold:
+    """Senders whose last submission was refused by their quota, and until when.
+
+    While held, a sender's next submissions are refused (RATE_LIMITED) right after the
+    signature, with no database read or write: the one refusal recorded already charged
+    it, and a sender over its quota by thousands a second (``make bench-attack``,
+    ``bundle_spam``) would otherwise buy a read and a write transaction with each. After
+    :data:`REFUSAL_HOLD_MS` the database decides again. Per process (the quota itself
+    is counted in the database, across workers)."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._until: dict[str, int] = {}
+        #: submissions refused from memory (not in the verdict log)
+        self.refused = 0
+
+    def hold(self, node_id: str, until_ms: int) -> None:
+        with self._lock:
+            if len(self._until) >= self.capacity:
+                self._until.clear()
+            self._until[node_id] = until_ms
+
+    def held(self, node_id: str, now_ms: int) -> bool:
+        with self._lock:
+            until = self._until.get(node_id)
+            if until is None:
+                return False
+            if now_ms >= until:
+                del self._until[node_id]
+                return False
+            self.refused += 1
+            return True
+
+
+class VerdictBudget:
+    """A token bucket of verdict rows for refusals nobody can be charged for, so that
+    garbage envelopes cannot make every request a database write (threat model §5,
+    item 6). ``allow(now_ms)`` is False when the budget is spent; :attr:`dropped`
+    counts the refusals answered without a row."""
+
+    def __init__(self, per_s: float = UNATTRIBUTED_VERDICTS_PER_S) -> None:
+        self.per_s = per_s
+        self._tokens = per_s
+        self._last_ms: int | None = None
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def allow(self, now_ms: int) -> bool:
+        with self._lock:
+            if self._last_ms is not None:
+                elapsed = max(now_ms - self._last_ms, 0) / 1000.0
+                self._tokens = min(self.per_s, self._tokens + elapsed * self.per_s)
+            self._last_ms = now_ms
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                return True
+            self.dropped += 1
+            return False
+
+
 @dataclass
 class Context:
     """What handlers need. Build it with :meth:`create`.
@@ -145,6 +213,8 @@ class Context:
         tokenizers: per-process cache of uploaded tokenizers.
         rescoring: re-scores submitted completions in worker processes, with a budget.
         spot_checks: checks claimed log-probs against held weights (``None``: off).
+        refusals: senders refused from memory for a moment after a recorded quota refusal.
+        unattributed: the verdict-row budget of refusals nobody can be charged for.
         seen: buffered last-seen times.
         nodes: node records reused by authentication for up to a second.
         policy: the reputation policy in force (settings row if set, else the config's).
@@ -158,6 +228,8 @@ class Context:
     tokenizers: TokenizerCache
     rescoring: RescoringPool = field(default_factory=lambda: RescoringPool(workers=0))
     spot_checks: SpotChecker | None = None
+    refusals: RefusalHold = field(default_factory=RefusalHold)
+    unattributed: VerdictBudget = field(default_factory=VerdictBudget)
     seen: SeenBuffer = field(default_factory=SeenBuffer)
     nodes: NodeCache = field(default_factory=NodeCache)
     policy: ReputationConfig = field(default_factory=ReputationConfig)
