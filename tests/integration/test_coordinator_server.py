@@ -247,6 +247,10 @@ def test_server_end_to_end(tmp_path: Path) -> None:
         # gRPC status RESOURCE_EXHAUSTED above it; never decoded either way.
         too_large = stub.Heartbeat(swarm_pb2.HeartbeatRequest(node_id="x" * (2 << 20)), timeout=10)
         assert too_large.error.code == ErrorCode.REQUEST_TOO_LARGE
+        # bytes that do not parse: in-band REQUEST_INVALID, not gRPC's INTERNAL
+        raw = channel.unary_unary("/ftis.v1.Swarm/SubmitBundle", request_serializer=None,
+                                  response_deserializer=swarm_pb2.SubmitBundleResponse.FromString)
+        assert raw(b"\xff" * 64, timeout=10).error.code == ErrorCode.REQUEST_INVALID
         with pytest.raises(grpc.RpcError) as refused:
             stub.SubmitBundle(
                 swarm_pb2.SubmitBundleRequest(

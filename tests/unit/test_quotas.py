@@ -172,6 +172,20 @@ def test_request_size_is_checked_before_decoding() -> None:
     assert reply.error.code == ErrorCode.REQUEST_TOO_LARGE and "65" in reply.error.reason
 
 
+def test_undecodable_requests_are_refused_in_band_without_a_traceback(caplog) -> None:
+    """Bytes that do not parse get REQUEST_INVALID from the handler (no handler work),
+    not gRPC's INTERNAL with a logged traceback per request."""
+    decode = _bounded_deserializer(swarm_pb2.HeartbeatRequest, 1 << 20)
+    refused = decode(b"\xff" * 40)
+    handler = _refusing(lambda r, c: pytest.fail("decoded"), swarm_pb2.HeartbeatResponse,
+                        "Heartbeat")
+    with caplog.at_level("DEBUG"):
+        reply = handler(refused, None)
+    assert reply.error.code == ErrorCode.REQUEST_INVALID
+    assert reply.error.reason == "40 bytes that do not decode as a Heartbeat request"
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 def test_limits_in_config_env_and_cli(monkeypatch, tmp_path) -> None:
     cfg = CoordinatorConfig(db="sqlite://")
     assert (cfg.bundles_per_minute, cfg.pulls_per_minute) == (120, 600)

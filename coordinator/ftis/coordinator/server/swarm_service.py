@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from ftis.coordinator.handlers import bundles, feedback, leases, nodes, relay
 from ftis.coordinator.handlers.context import Context
@@ -183,6 +183,16 @@ class _TooLarge:
         self.size, self.limit = size, limit
 
 
+class _Undecodable:
+    """Stand-in for request bytes that do not decode as the method's message. Answered
+    in-band (REQUEST_INVALID) instead of by gRPC itself, whose answer (INTERNAL) comes
+    with a logged traceback per request: a flood of garbage then cost the coordinator a
+    formatted traceback each (``make bench-attack``, ``garbage``)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
 _METHODS: dict[str, tuple[type, type]] = {
     "Register": (swarm_pb2.RegisterRequest, swarm_pb2.RegisterResponse),
     "Heartbeat": (swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse),
@@ -198,7 +208,10 @@ def _bounded_deserializer(request_cls: type[Message], limit: int) -> Callable[[b
     def deserialize(data: bytes) -> Any:
         if len(data) > limit:
             return _TooLarge(len(data), limit)
-        return request_cls.FromString(data)
+        try:
+            return request_cls.FromString(data)
+        except DecodeError:
+            return _Undecodable(len(data))
 
     return deserialize
 
@@ -215,6 +228,10 @@ def _refusing(
                     reason=f"{method} request is {request.size} bytes, limit {request.limit}",
                 )
             )
+        elif isinstance(request, _Undecodable):
+            response = response_cls(error=common_pb2.Error(
+                code=ErrorCode.REQUEST_INVALID,
+                reason=f"{request.size} bytes that do not decode as a {method} request"))
         else:
             response = behavior(request, context)
         metrics.observe_rpc(method, time.perf_counter() - started, _response_code(response))
