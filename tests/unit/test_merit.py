@@ -235,3 +235,17 @@ def test_merge_of_lora_branches_is_the_token_weighted_sum_of_their_deltas(
     assert torch.allclose(merged[name].double(), expected, atol=1e-6)
     other = next(k for k in w0 if k.endswith("layers.0.self_attn.k_proj.weight"))
     assert torch.allclose(merged[other], w0[other])  # untouched adapters: no change
+
+
+def test_plan_command_reads_task_specs_and_refuses_bad_ones(tiny_model_dir, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from ftis.lab.cli.main import app
+
+    bad = tmp_path / "families.json"
+    bad.write_text('[{"dataset": "products", "config": {"min_digits": "many"}}]')
+    result = CliRunner().invoke(app, ["merit", "plan", "--model", str(tiny_model_dir),
+                                      "--families", str(bad), "--groups", "1",
+                                      "--group-size", "2", "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and "merit plan:" in result.output
+    assert not (tmp_path / "p.json").exists()

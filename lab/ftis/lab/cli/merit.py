@@ -19,7 +19,9 @@ app = typer.Typer(help="MERIT: conflict-aware branches of a task mix and their o
 @app.command("plan")
 def plan_command(
     model: Annotated[str, typer.Option(help="the shared initialisation (alias, .gguf, dir)")],
-    families: Annotated[str, typer.Option(help="comma-separated ReasoningGYM datasets")],
+    families: Annotated[str, typer.Option(
+        help="comma-separated ReasoningGYM datasets, or a JSON file of task specs "
+             '([{"dataset": ..., "config": {...}}, ...])')],
     out: Annotated[Path, typer.Option(help="the plan (JSON)")] = Path("merit-plan.json"),
     peft: Annotated[PeftKind, typer.Option(help="whose gradients")] = "lora",
     groups: Annotated[int, typer.Option(min=1, help="prompts per family")] = 4,
@@ -32,12 +34,19 @@ def plan_command(
     """Per-family gradients, the conflict matrix, and the conflict-aware and random
     splits of the same shape."""
     from ftis.lab.merit.run import MeritError, plan
+    from ftis.tasks import TaskSpec
 
     try:
-        result = plan(model, [f.strip() for f in families.split(",") if f.strip()],
+        specs: list[str | TaskSpec]
+        if families.endswith(".json"):
+            specs = [TaskSpec.model_validate(t)
+                     for t in json.loads(Path(families).read_text())]
+        else:
+            specs = [f.strip() for f in families.split(",") if f.strip()]
+        result = plan(model, specs,
                       peft=peft, groups=groups, group_size=group_size, rounds=rounds,
                       temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    except (MeritError, ValueError) as exc:
+    except (MeritError, ValueError, OSError) as exc:
         typer.echo(f"merit plan: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
     out.write_text(json.dumps(result, indent=1))

@@ -24,16 +24,19 @@ import torch
 from ftis.client.models.peft import PeftKind
 from ftis.lab.merit.merge import merge_deltas, token_weights
 from ftis.lab.merit.split import conflict_aware_split, conflict_matrix, random_split
+from ftis.tasks import TaskSpec
 
 
 class MeritError(ValueError):
     """Input MERIT cannot work with (a family without gradient, a missing checkpoint)."""
 
 
-def plan(model: str, datasets: list[str], *, peft: PeftKind = "lora", groups: int = 4,
+def plan(model: str, datasets: list[str | TaskSpec], *, peft: PeftKind = "lora",
+         groups: int = 4,
          group_size: int = 8, rounds: int = 1, temperature: float = 0.7,
          max_new_tokens: int = 32, seed: int = 0) -> dict[str, Any]:
-    """The split plan of ``datasets`` for ``model`` (JSON-ready).
+    """The split plan of ``datasets`` (ReasoningGYM names, or task specs with their
+    configs) for ``model`` (JSON-ready).
 
     Raises:
         MeritError: a family had no group with reward variance, so no gradient
@@ -44,12 +47,11 @@ def plan(model: str, datasets: list[str], *, peft: PeftKind = "lora", groups: in
     from ftis.client.models.loader import load_policy
     from ftis.client.rollout.settings import SamplingSettings
     from ftis.lab.merit.gradients import family_gradients
-    from ftis.tasks import TaskSpec
-
     torch.manual_seed(seed)
     policy = load_policy(model, peft=peft)
     learner = Learner(policy.model, LearnerConfig(), int(policy.tokenizer.pad_token_id or 0))
-    grads = family_gradients(policy, learner, [TaskSpec(dataset=d) for d in datasets],
+    specs = [d if isinstance(d, TaskSpec) else TaskSpec(dataset=d) for d in datasets]
+    grads = family_gradients(policy, learner, specs,
                              groups=groups, group_size=group_size,
                              sampling=SamplingSettings(temperature=temperature,
                                                        max_new_tokens=max_new_tokens),
@@ -69,9 +71,10 @@ def plan(model: str, datasets: list[str], *, peft: PeftKind = "lora", groups: in
     return {
         "model": model, "peft": peft, "seed": seed, "groups": groups,
         "group_size": group_size, "temperature": temperature,
-        "families": [{"dataset": g.dataset, "tokens": g.tokens,
+        "families": [{"dataset": g.dataset, "config": spec.config, "tokens": g.tokens,
                       "informative_groups": g.informative_groups,
-                      "mean_reward": g.mean_reward} for g in grads],
+                      "mean_reward": g.mean_reward} for g, spec in zip(grads, specs,
+                                                                       strict=True)],
         "conflict_matrix": [[round(float(x), 6) for x in row] for row in conflict],
         "rounds": rounds,
         "branches": {
