@@ -105,35 +105,34 @@ class Attacker:
         channel = grpc.aio.insecure_channel(self.target, options=[
             ("grpc.max_send_message_length", 8 << 20)])
         stub = swarm_pb2_grpc.SwarmStub(channel)
+        raw = {m: _raw(channel, m) for m in ("SubmitBundle", "Heartbeat")}
         try:
-            await asyncio.gather(*(self._loop(stub, channel, stop, k)
+            await asyncio.gather(*(self._loop(stub, raw, stop, k)
                                    for k in range(self.inflight)))
         finally:
             await channel.close(grace=None)
 
-    async def _loop(self, stub: Any, channel: grpc.aio.Channel, stop: asyncio.Event,
+    async def _loop(self, stub: Any, raw: dict[str, Any], stop: asyncio.Event,
                     k: int) -> None:
-        rng = os.urandom
         n = 0
         while not stop.is_set():
             n += 1
             try:
-                reply = await self._one(stub, channel, rng, k, n)
+                reply = await self._one(stub, raw, k, n)
                 code = reply.error.code
                 self.codes[code_name(code) if code else "OK"] += 1
             except grpc.aio.AioRpcError as exc:
                 self.codes[f"grpc:{exc.code().name}"] += 1
             self.sent += 1
 
-    async def _one(self, stub: Any, channel: grpc.aio.Channel, rng: Callable[[int], bytes],
-                   k: int, n: int) -> Any:
+    async def _one(self, stub: Any, raw: dict[str, Any], k: int, n: int) -> Any:
         ident, kind, timeout = self.identity, self.kind, 30
         if kind == "garbage":
             return swarm_pb2.SubmitBundleResponse.FromString(
-                await _raw(channel, "SubmitBundle")(rng(4096), timeout=timeout))
+                await raw["SubmitBundle"](os.urandom(4096), timeout=timeout))
         if kind == "oversized":
             return swarm_pb2.HeartbeatResponse.FromString(
-                await _raw(channel, "Heartbeat")(rng(2 << 20), timeout=timeout))
+                await raw["Heartbeat"](os.urandom(2 << 20), timeout=timeout))
         if kind == "heartbeat_flood":
             req = swarm_pb2.HeartbeatRequest(node_id=ident.node_id, policy_version=1)
             sign_request(req, "Heartbeat", ident)
@@ -168,29 +167,19 @@ def _attacker_process(kind: str, target: str, inflight: int, ready: Any, stop: A
     signal ``ready``, attack until ``stop`` is set, put ``(sent, codes)`` on ``out``."""
     attacker = Attacker(kind, target, Material.build(), inflight)
     attacker.prepare()
+    sent_at: list[tuple[float, int]] = []  # (time, requests sent), every 0.25 s
 
-    async def go() -> None:
+    async def attack() -> None:
         halt = asyncio.Event()
-
-        async def watch() -> None:
-            while not stop.is_set():
-                await asyncio.sleep(0.05)
-            halt.set()
-
-        await asyncio.gather(attacker.run(halt), watch())
-
-    ready.set()
-    sent_at: list[tuple[float, int]] = []
-
-    async def sample() -> None:
+        task = asyncio.create_task(attacker.run(halt))
         while not stop.is_set():
             sent_at.append((time.time(), attacker.sent))
             await asyncio.sleep(0.25)
+        halt.set()
+        await task
 
-    async def both() -> None:
-        await asyncio.gather(go(), sample())
-
-    asyncio.run(both())
+    ready.set()
+    asyncio.run(attack())
     out.put((sent_at, dict(attacker.codes.most_common(3))))
 
 

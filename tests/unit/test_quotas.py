@@ -73,12 +73,18 @@ def _code(fn, *args) -> int:
     return info.value.code
 
 
-def test_bundles_per_minute(monkeypatch) -> None:
+def _submitter(bundles: int, **config):  # noqa: ANN003, ANN202
+    """A coordinator on a fake clock with ``config``, one registered node and sealed
+    bundles answering ``bundles`` of its leases: ``(clock, coord, node, envelopes)``."""
     clock = FakeClock()
-    coord = make_coordinator(clock, bundles_per_minute=2)
+    coord = make_coordinator(clock, **config)
     node = register(coord)
-    leases = coord.lease_tasks(node.node_id, 4, 2, 16)
-    envelopes = [seal_bundle(build_bundle(x, node), node) for x in leases]
+    leases = coord.lease_tasks(node.node_id, bundles, 2, 16)
+    return clock, coord, node, [seal_bundle(build_bundle(x, node), node) for x in leases]
+
+
+def test_bundles_per_minute(monkeypatch) -> None:
+    clock, coord, node, envelopes = _submitter(4, bundles_per_minute=2)
     coord.submit_bundle(envelopes[0])
     coord.submit_bundle(envelopes[1])
     before = snapshot(coord)
@@ -217,11 +223,7 @@ def test_a_sender_over_its_quota_is_refused_from_memory_for_a_moment() -> None:
     evidence); then the database decides again."""
     from ftis.coordinator.handlers.context import REFUSAL_HOLD_MS
 
-    clock = FakeClock()
-    coord = make_coordinator(clock, bundles_per_minute=1)
-    node = register(coord)
-    leases = coord.lease_tasks(node.node_id, 3, 2, 16)
-    envelopes = [seal_bundle(build_bundle(x, node), node) for x in leases]
+    clock, coord, node, envelopes = _submitter(3, bundles_per_minute=1)
     coord.submit_bundle(envelopes[0])
     assert _code(coord.submit_bundle, envelopes[1]) == ErrorCode.RATE_LIMITED
     recorded = coord.state.rejections_by_code(node.node_id)
@@ -244,7 +246,7 @@ def test_a_sender_over_its_quota_is_refused_from_memory_for_a_moment() -> None:
 
 
 def test_unattributable_refusals_write_at_most_their_budget_of_verdict_rows() -> None:
-    from ftis.coordinator.handlers.context import UNATTRIBUTED_VERDICTS_PER_S
+    from ftis.coordinator.quotas import UNATTRIBUTED_VERDICTS_PER_S
 
     clock = FakeClock()
     coord = make_coordinator(clock)
@@ -256,7 +258,7 @@ def test_unattributable_refusals_write_at_most_their_budget_of_verdict_rows() ->
         assert _code(coord.submit_bundle, bad) == ErrorCode.SIGNATURE_INVALID
     budget = int(UNATTRIBUTED_VERDICTS_PER_S)
     assert coord.state.rejections_by_code() == {ErrorCode.SIGNATURE_INVALID: budget}
-    assert coord.ctx.unattributed.dropped == 50 - budget
+    assert coord.ctx.quotas.unattributed_dropped == 50 - budget
     clock.advance(1.0)  # refilled: recorded again
     assert _code(coord.submit_bundle, bad) == ErrorCode.SIGNATURE_INVALID
     assert coord.state.rejections_by_code() == {ErrorCode.SIGNATURE_INVALID: budget + 1}

@@ -17,6 +17,9 @@ Limits (all in :class:`~ftis.coordinator.config.CoordinatorConfig`):
 * Register of a NEW node id: ``registrations_per_minute`` globally and
   ``registrations_per_host_per_minute`` per peer host (IPv6 peers grouped by /64)
   → REGISTRATION_THROTTLED. Re-registration of a known node is never throttled.
+* Verdict rows of refusals nobody can be charged for (an envelope whose signature does
+  not verify): :data:`UNATTRIBUTED_VERDICTS_PER_S` per process; beyond it the refusal is
+  answered as usual but only counted, not written (threat model §5, item 6).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ Seconds = Callable[[], float]
 
 #: Buckets kept per limiter before idle (full) ones are dropped.
 MAX_BUCKETS = 100_000
+#: Verdict rows per second a process writes for refusals nobody can be charged for.
+UNATTRIBUTED_VERDICTS_PER_S = 20.0
 
 
 @dataclass
@@ -153,12 +158,23 @@ class Quotas:
         self.registrations = RateLimiter(registrations_per_minute, clock=clock)
         self.registrations_per_host = RateLimiter(registrations_per_host_per_minute, clock=clock)
         self.reports = RateLimiter(reports_per_minute, clock=clock)
+        self.unattributed_verdicts = RateLimiter(UNATTRIBUTED_VERDICTS_PER_S, period_s=1.0,
+                                                 clock=clock)
+        #: refusals answered without a verdict row (the budget above was spent)
+        self.unattributed_dropped = 0
 
     def admit_pull(self, node_id: str) -> bool:
         return self.pulls.try_take(node_id)
 
     def admit_report(self, node_id: str) -> bool:
         return self.reports.try_take(node_id)
+
+    def admit_unattributed_verdict(self) -> bool:
+        """Whether a refusal nobody can be charged for may write its verdict row."""
+        if self.unattributed_verdicts.try_take(""):
+            return True
+        self.unattributed_dropped += 1
+        return False
 
     def admit_tokenizer_upload(self, node_id: str) -> bool:
         return self.tokenizer_uploads.try_take(node_id)

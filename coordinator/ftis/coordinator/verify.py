@@ -356,11 +356,14 @@ def check_quota(snapshot: SubmissionSnapshot, size_bytes: int, quota: BundleQuot
     """
     if (snapshot.recent_submissions + 1 > quota.bundles_per_minute
             or snapshot.recent_bytes + size_bytes > quota.bundle_bytes_per_minute):
-        raise FtisError(
-            ErrorCode.RATE_LIMITED,
-            f"more than {quota.bundles_per_minute:g} bundles or "
-            f"{quota.bundle_bytes_per_minute} bytes per minute; slow down",
-        )
+        raise quota_refusal(quota)
+
+
+def quota_refusal(quota: BundleQuota) -> FtisError:
+    """The RATE_LIMITED refusal of a sender over its bundle quota."""
+    return FtisError(ErrorCode.RATE_LIMITED,
+                     f"more than {quota.bundles_per_minute:g} bundles or "
+                     f"{quota.bundle_bytes_per_minute} bytes per minute; slow down")
 
 
 def check_submission(

@@ -27,6 +27,7 @@ from ftis.coordinator.verify import (
     VerifiedBundle,
     check_submission,
     open_bundle,
+    quota_refusal,
 )
 from ftis.protocol.errors import ErrorCode, FtisError, code_name
 from ftis.v1 import bundle_pb2
@@ -54,13 +55,12 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
     try:
         opened = open_bundle(envelope, max_bundle_bytes=ctx.config.max_bundle_bytes)
     except FtisError as err:  # not attributable to anyone: the verdict row only, budgeted
-        if not ctx.unattributed.allow(now):
+        if not ctx.quotas.admit_unattributed_verdict():
             raise
         _reject(ctx, Verdict(None, None, err.code, err.reason), now, err)
+    quota = BundleQuota(ctx.config.bundles_per_minute, ctx.config.bundle_bytes_per_minute)
     if ctx.refusals.held(opened.sender_id, now):
-        raise FtisError(ErrorCode.RATE_LIMITED,
-                        f"more than {ctx.config.bundles_per_minute:g} bundles or "
-                        f"{ctx.config.bundle_bytes_per_minute} bytes per minute; slow down")
+        raise quota_refusal(quota)
     policy = ctx.policy
     snapshot = ctx.state.submission_snapshot(
         opened.sender_id, opened.bundle.task_id, opened.bundle_id,
@@ -76,7 +76,7 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
             score=ctx.rescoring.rescore,
             spot_check=_spot_check(ctx, policy),
             require_tokenizer=ctx.config.require_tokenizer,
-            quota=BundleQuota(ctx.config.bundles_per_minute, ctx.config.bundle_bytes_per_minute),
+            quota=quota,
             tokenizer_id_bound=(ctx.tokenizers.id_bound(fingerprint)
                                 if tokenizer is not None and fingerprint is not None else None))
     except FtisError as err:

@@ -131,9 +131,6 @@ class NodeCache:
 
 #: Milliseconds a sender's bundles are refused from memory after a recorded RATE_LIMITED.
 REFUSAL_HOLD_MS = 1000
-#: Verdict rows per second this process writes for refusals nobody can be charged for
-#: (an envelope whose signature does not verify); the rest are counted, not written.
-UNATTRIBUTED_VERDICTS_PER_S = 20.0
 
 
 class RefusalHold:
@@ -171,32 +168,6 @@ class RefusalHold:
             return True
 
 
-class VerdictBudget:
-    """A token bucket of verdict rows for refusals nobody can be charged for, so that
-    garbage envelopes cannot make every request a database write (threat model §5,
-    item 6). ``allow(now_ms)`` is False when the budget is spent; :attr:`dropped`
-    counts the refusals answered without a row."""
-
-    def __init__(self, per_s: float = UNATTRIBUTED_VERDICTS_PER_S) -> None:
-        self.per_s = per_s
-        self._tokens = per_s
-        self._last_ms: int | None = None
-        self._lock = threading.Lock()
-        self.dropped = 0
-
-    def allow(self, now_ms: int) -> bool:
-        with self._lock:
-            if self._last_ms is not None:
-                elapsed = max(now_ms - self._last_ms, 0) / 1000.0
-                self._tokens = min(self.per_s, self._tokens + elapsed * self.per_s)
-            self._last_ms = now_ms
-            if self._tokens >= 1.0:
-                self._tokens -= 1.0
-                return True
-            self.dropped += 1
-            return False
-
-
 @dataclass
 class Context:
     """What handlers need. Build it with :meth:`create`.
@@ -214,7 +185,6 @@ class Context:
         rescoring: re-scores submitted completions in worker processes, with a budget.
         spot_checks: checks claimed log-probs against held weights (``None``: off).
         refusals: senders refused from memory for a moment after a recorded quota refusal.
-        unattributed: the verdict-row budget of refusals nobody can be charged for.
         seen: buffered last-seen times.
         nodes: node records reused by authentication for up to a second.
         policy: the reputation policy in force (settings row if set, else the config's).
@@ -229,7 +199,6 @@ class Context:
     rescoring: RescoringPool = field(default_factory=lambda: RescoringPool(workers=0))
     spot_checks: SpotChecker | None = None
     refusals: RefusalHold = field(default_factory=RefusalHold)
-    unattributed: VerdictBudget = field(default_factory=VerdictBudget)
     seen: SeenBuffer = field(default_factory=SeenBuffer)
     nodes: NodeCache = field(default_factory=NodeCache)
     policy: ReputationConfig = field(default_factory=ReputationConfig)
