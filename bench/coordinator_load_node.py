@@ -266,7 +266,11 @@ class RunResult:
 
 
 def _channel(target: str) -> grpc.aio.Channel:
+    """A channel with its own connection, as each volunteer's process has (channels of
+    one process otherwise share one connection, and the coordinator's refusal budget
+    is per connection)."""
     return grpc.aio.insecure_channel(target, options=[
+        ("grpc.use_local_subchannel_pool", 1),
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", 64 * MAX_GRPC_MESSAGE_BYTES),
     ])

@@ -9,12 +9,8 @@ import pytest
 
 from ftis.coordinator.cli.main import parse_overrides
 from ftis.coordinator.config import CoordinatorConfig, load_config
-from ftis.coordinator.quotas import RateLimiter, peer_host
-from ftis.coordinator.server.swarm_service import (
-    SwarmService,
-    _bounded_deserializer,
-    _refusing,
-)
+from ftis.coordinator.quotas import ConnectionBudget, RateLimiter, peer_host
+from ftis.coordinator.server.swarm_service import SwarmService, _refusing
 from ftis.lab.harness.coordinator import (
     FakeClock,
     FakeContext,
@@ -25,6 +21,7 @@ from ftis.lab.harness.coordinator import (
     register,
     register_envelope,
     seal_bundle,
+    signed,
     snapshot,
 )
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -167,29 +164,115 @@ def test_registration_throttling_of_new_node_ids() -> None:
     assert _register_via(service, NodeIdentity.generate(), "ipv4:10.0.0.1:9", clock.now_ms) == 0
 
 
+def _budget(clock: FakeClock | None = None, **kw) -> ConnectionBudget:
+    settings = dict(refusals_per_s=10.0, burst=20.0, delay_s=0.0, max_delayed=2)
+    settings.update(kw)
+    seconds = (lambda: clock.now_ms / 1000.0) if clock is not None else (lambda: 0.0)
+    return ConnectionBudget(clock=seconds, **settings)  # type: ignore[arg-type]
+
+
+def _never_called(request, context):
+    pytest.fail("decoded and handled")
+
+
 def test_request_size_is_checked_before_decoding() -> None:
-    decode = _bounded_deserializer(swarm_pb2.HeartbeatRequest, 64)
+    handler = _refusing(lambda r, c: swarm_pb2.HeartbeatResponse(server_time_ms=len(r.node_id)),
+                        swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse, "X", 64,
+                        _budget())
     small = swarm_pb2.HeartbeatRequest(node_id="a" * 10).SerializeToString()
-    assert decode(small).node_id == "a" * 10
-    garbage = b"\xff" * 65  # would not even parse
-    refused = decode(garbage)
-    handler = _refusing(lambda r, c: pytest.fail("decoded"), swarm_pb2.HeartbeatResponse, "X")
-    reply = handler(refused, None)
+    assert handler(small, FakeContext()).server_time_ms == 10
+    refuse = _refusing(_never_called, swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse,
+                       "X", 64, _budget())
+    reply = refuse(b"\xff" * 65, FakeContext())  # would not even parse
     assert reply.error.code == ErrorCode.REQUEST_TOO_LARGE and "65" in reply.error.reason
 
 
 def test_undecodable_requests_are_refused_in_band_without_a_traceback(caplog) -> None:
     """Bytes that do not parse get REQUEST_INVALID from the handler (no handler work),
     not gRPC's INTERNAL with a logged traceback per request."""
-    decode = _bounded_deserializer(swarm_pb2.HeartbeatRequest, 1 << 20)
-    refused = decode(b"\xff" * 40)
-    handler = _refusing(lambda r, c: pytest.fail("decoded"), swarm_pb2.HeartbeatResponse,
-                        "Heartbeat")
+    handler = _refusing(_never_called, swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse,
+                        "Heartbeat", 1 << 20, _budget())
     with caplog.at_level("DEBUG"):
-        reply = handler(refused, None)
+        reply = handler(b"\xff" * 40, None)
     assert reply.error.code == ErrorCode.REQUEST_INVALID
     assert reply.error.reason == "40 bytes that do not decode as a Heartbeat request"
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_a_connection_over_its_refusal_budget_is_answered_undecoded() -> None:
+    """20 refusals at once are allowed; the 21st request of that connection is answered
+    RATE_LIMITED without being decoded; another connection is untouched; half a second
+    later (10 refusals/s → 5 back) the connection is served again."""
+    clock = FakeClock()
+    budget = _budget(clock)
+    served: list[str] = []
+
+    def behavior(request, context):
+        served.append(request.node_id)
+        return swarm_pb2.HeartbeatResponse()
+
+    handler = _refusing(behavior, swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse,
+                        "Heartbeat", 1 << 20, budget)
+    attacker, honest = FakeContext("ipv4:10.0.0.9:4000"), FakeContext("ipv4:10.0.0.9:4001")
+    codes = [handler(b"\xff" * 8, attacker).error.code for _ in range(20)]
+    assert codes == [ErrorCode.REQUEST_INVALID] * 20
+    good = swarm_pb2.HeartbeatRequest(node_id="n").SerializeToString()
+    reply = handler(good, attacker)
+    assert reply.error.code == ErrorCode.RATE_LIMITED and served == []
+    assert "10 times per second" in reply.error.reason
+    # answers over budget are not refusals of their own: the bucket refills
+    for _ in range(50):
+        assert handler(good, attacker).error.code == ErrorCode.RATE_LIMITED
+    assert budget.answered_over_budget == 51
+    assert handler(good, honest).error.code == 0 and served == ["n"]
+    clock.advance(0.5)
+    assert handler(good, attacker).error.code == 0 and served == ["n", "n"]
+
+
+def test_refusals_the_coordinator_causes_are_not_counted() -> None:
+    budget = _budget()
+    for _ in range(100):
+        budget.record_refusal("c", ErrorCode.VERIFICATION_BUSY)
+        budget.record_refusal("c", ErrorCode.INTERNAL)
+        budget.record_refusal("c", 0)
+    assert not budget.over_budget("c")
+    for _ in range(20):
+        budget.record_refusal("c", ErrorCode.RATE_LIMITED)
+    assert budget.over_budget("c")
+
+
+def test_delays_are_bounded_in_number() -> None:
+    """At most ``max_delayed`` requests wait at once; beyond that they are answered at
+    once (delay 0), and a finished delay frees its slot."""
+    budget = _budget(delay_s=0.25, max_delayed=2)
+    first, second, third = budget.start_delay(), budget.start_delay(), budget.start_delay()
+    assert (first, second, third) == (0.25, 0.25, 0.0)
+    budget.end_delay(third)
+    assert budget.start_delay() == 0.0
+    budget.end_delay(first)
+    assert budget.start_delay() == 0.25
+    with pytest.raises(ValueError):
+        ConnectionBudget(refusals_per_s=0, burst=1, delay_s=0, max_delayed=1)
+
+
+def test_heartbeats_have_a_quota() -> None:
+    """60 heartbeats per minute per node by default: the 61st at once is RATE_LIMITED,
+    another node is not, and one second later one more is allowed."""
+    clock = FakeClock()
+    coord = make_coordinator(clock, heartbeats_per_minute=60)
+    a, b = register(coord), register(coord)
+    service = SwarmService(coord.ctx)
+
+    def beat(ident: NodeIdentity) -> int:
+        request = signed(swarm_pb2.HeartbeatRequest(node_id=ident.node_id), "Heartbeat",
+                         ident, clock.now_ms)
+        return service.Heartbeat(request, None).error.code
+
+    assert [beat(a) for _ in range(60)] == [0] * 60
+    assert beat(a) == ErrorCode.RATE_LIMITED
+    assert beat(b) == 0
+    clock.advance(1)
+    assert beat(a) == 0
 
 
 def test_limits_in_config_env_and_cli(monkeypatch, tmp_path) -> None:

@@ -93,6 +93,14 @@ class CoordinatorConfig(BaseSettings):
         bundles_per_minute, bundle_bytes_per_minute: SubmitBundle quota per node.
         pulls_per_minute: PullBundles quota per node.
         reports_per_minute: ReportMetrics quota per node.
+        heartbeats_per_minute: Heartbeat quota per node (clients send one every
+            ``heartbeat_interval_s``).
+        connection_refusals_per_s, connection_refusal_burst: refused requests one
+            connection (one gRPC peer ``HOST:PORT``) may cause per second and at once;
+            beyond them its requests are answered RATE_LIMITED after
+            ``connection_delay_s`` seconds, undecoded
+            (:class:`~ftis.coordinator.quotas.ConnectionBudget`).
+        connection_delay_s: seconds a request over its connection's budget waits.
         rescoring_workers: worker processes that re-score submitted completions (0: in
             the serving thread).
         rescoring_budget_s: seconds one bundle's re-score may take before the bundle is
@@ -138,6 +146,10 @@ class CoordinatorConfig(BaseSettings):
     bundle_bytes_per_minute: int = Field(default=64 * MIB, ge=1024)
     pulls_per_minute: float = Field(default=600, gt=0)
     reports_per_minute: float = Field(default=60, gt=0)
+    heartbeats_per_minute: float = Field(default=60, gt=0)
+    connection_refusals_per_s: float = Field(default=10, gt=0)
+    connection_refusal_burst: float = Field(default=20, gt=0)
+    connection_delay_s: float = Field(default=0.25, ge=0, le=10)
     rescoring_workers: int = Field(default=1, ge=0, le=64)
     rescoring_budget_s: float = Field(default=2.0, gt=0, le=60)
     tokenizer_uploads_per_minute: float = Field(default=4, gt=0)

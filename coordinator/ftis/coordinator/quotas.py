@@ -17,6 +17,12 @@ Limits (all in :class:`~ftis.coordinator.config.CoordinatorConfig`):
 * Register of a NEW node id: ``registrations_per_minute`` globally and
   ``registrations_per_host_per_minute`` per peer host (IPv6 peers grouped by /64)
   → REGISTRATION_THROTTLED. Re-registration of a known node is never throttled.
+* Heartbeat: ``heartbeats_per_minute`` per node → RATE_LIMITED (a signed Heartbeat
+  costs a signature check; clients send one every ``heartbeat_interval_s``).
+* Refusals per connection (:class:`ConnectionBudget`): a connection (one gRPC peer,
+  ``ipv4:HOST:PORT``) whose refused requests exceed ``connection_refusals_per_s`` is
+  answered RATE_LIMITED after a delay, before its request is decoded (the servicer
+  sleeps; this module only decides).
 * Verdict rows of refusals nobody can be charged for (an envelope whose signature does
   not verify): :data:`UNATTRIBUTED_VERDICTS_PER_S` per process; beyond it the refusal is
   answered as usual but only counted, not written (threat model §5, item 6).
@@ -30,12 +36,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ftis.protocol.errors import ErrorCode
+
 Seconds = Callable[[], float]
 
 #: Buckets kept per limiter before idle (full) ones are dropped.
 MAX_BUCKETS = 100_000
 #: Verdict rows per second a process writes for refusals nobody can be charged for.
 UNATTRIBUTED_VERDICTS_PER_S = 20.0
+#: Refusals the coordinator causes itself, never counted against a connection.
+UNCOUNTED_CODES = frozenset({ErrorCode.VERIFICATION_BUSY, ErrorCode.INTERNAL})
 
 
 @dataclass
@@ -137,8 +147,8 @@ class Quotas:
     database instead, so that they hold across worker processes: ``verify.check_quota``).
 
     Args:
-        pulls_per_minute, tokenizer_uploads_per_minute, reports_per_minute: per-node
-            limits.
+        pulls_per_minute, tokenizer_uploads_per_minute, reports_per_minute,
+            heartbeats_per_minute: per-node limits.
         registrations_per_minute, registrations_per_host_per_minute: new node ids.
         clock: seconds.
     """
@@ -151,6 +161,7 @@ class Quotas:
         registrations_per_minute: float,
         registrations_per_host_per_minute: float,
         reports_per_minute: float = 60.0,
+        heartbeats_per_minute: float = 60.0,
         clock: Seconds = time.monotonic,
     ) -> None:
         self.pulls = RateLimiter(pulls_per_minute, clock=clock)
@@ -158,6 +169,7 @@ class Quotas:
         self.registrations = RateLimiter(registrations_per_minute, clock=clock)
         self.registrations_per_host = RateLimiter(registrations_per_host_per_minute, clock=clock)
         self.reports = RateLimiter(reports_per_minute, clock=clock)
+        self.heartbeats = RateLimiter(heartbeats_per_minute, clock=clock)
         self.unattributed_verdicts = RateLimiter(UNATTRIBUTED_VERDICTS_PER_S, period_s=1.0,
                                                  clock=clock)
         #: refusals answered without a verdict row (the budget above was spent)
@@ -168,6 +180,9 @@ class Quotas:
 
     def admit_report(self, node_id: str) -> bool:
         return self.reports.try_take(node_id)
+
+    def admit_heartbeat(self, node_id: str) -> bool:
+        return self.heartbeats.try_take(node_id)
 
     def admit_unattributed_verdict(self) -> bool:
         """Whether a refusal nobody can be charged for may write its verdict row."""
@@ -184,3 +199,77 @@ class Quotas:
         return try_take_all(
             [(self.registrations, "", 1.0), (self.registrations_per_host, host, 1.0)]
         )
+
+
+class ConnectionBudget:
+    """Refused requests per connection, and whether the next request of a connection
+    over its budget is answered late instead of served (issue 13, "Beyond these
+    classes": an honest node's p99 within 2× while one connection misbehaves).
+
+    Every refusal costs the serving process CPU however cheap it is, and an attacker is
+    limited only by its own speed: a connection that is refused over and over keeps one
+    core busy (``make bench-attack``). Once a connection's refusals exceed
+    ``refusals_per_s`` (after a burst of ``burst``), its requests are answered
+    RATE_LIMITED after ``delay_s``, undecoded and unhandled, until the bucket refills;
+    answers given late are not refusals of their own (so a connection that slows down
+    is served again within ``1 / refusals_per_s`` seconds). At most ``max_delayed``
+    requests wait at once (all connections together; each holds a worker thread of the
+    synchronous server), so a connection with ``k ≤ max_delayed`` requests in flight gets
+    at most ``k / delay_s`` answers per second, each costing a dict lookup and a sleeping
+    thread. Requests beyond ``max_delayed`` are answered at once, undecoded: an attacker
+    with more requests in flight than that is back to costing one cheap refusal each
+    (threat model §5, item 12).
+
+    Honest nodes are refused rarely (a lease limit, a tokenizer upload asked for, a
+    reward claim that differs); ``burst`` covers that. Codes the coordinator causes
+    itself (VERIFICATION_BUSY, INTERNAL) are not counted (:data:`UNCOUNTED_CODES`).
+
+    Args:
+        refusals_per_s: sustained refusals per second a connection may cause.
+        burst: refusals a connection may cause at once.
+        delay_s: seconds a request of a connection over its budget waits for its answer.
+        max_delayed: requests held at once, all connections together.
+        clock: seconds.
+
+    Raises:
+        ValueError: non-positive ``refusals_per_s``, ``burst`` or ``max_delayed``, or a
+            negative ``delay_s``.
+    """
+
+    def __init__(self, *, refusals_per_s: float, burst: float, delay_s: float,
+                 max_delayed: int, clock: Seconds = time.monotonic) -> None:
+        if refusals_per_s <= 0 or burst <= 0 or max_delayed <= 0 or delay_s < 0:
+            raise ValueError("refusals_per_s, burst and max_delayed must be > 0, "
+                             "delay_s >= 0")
+        self.refusals = RateLimiter(burst, period_s=burst / refusals_per_s, clock=clock)
+        self.delay_s = delay_s
+        self.max_delayed = max_delayed
+        self._lock = threading.Lock()
+        self._delayed = 0
+        #: requests answered RATE_LIMITED for their connection's budget (late or not)
+        self.answered_over_budget = 0
+
+    def over_budget(self, connection: str) -> bool:
+        """Whether ``connection``'s next request is refused for its budget."""
+        return self.refusals.available(connection) < 1.0
+
+    def record_refusal(self, connection: str, code: int) -> None:
+        """Count a refusal (in-band ``code`` ≠ 0) against ``connection``."""
+        if code and code not in UNCOUNTED_CODES:
+            self.refusals.try_take(connection)
+
+    def start_delay(self) -> float:
+        """Seconds the caller should wait before answering a request over budget: the
+        delay while fewer than ``max_delayed`` are held, else 0. Pair every call with
+        :meth:`end_delay` of the value returned."""
+        with self._lock:
+            self.answered_over_budget += 1
+            if self._delayed >= self.max_delayed:
+                return 0.0
+            self._delayed += 1
+            return self.delay_s
+
+    def end_delay(self, delayed_s: float) -> None:
+        if delayed_s > 0:
+            with self._lock:
+                self._delayed -= 1

@@ -217,6 +217,7 @@ class Context:
             quotas=Quotas(
                 pulls_per_minute=config.pulls_per_minute,
                 reports_per_minute=config.reports_per_minute,
+                heartbeats_per_minute=config.heartbeats_per_minute,
                 tokenizer_uploads_per_minute=config.tokenizer_uploads_per_minute,
                 registrations_per_minute=config.registrations_per_minute,
                 registrations_per_host_per_minute=config.registrations_per_host_per_minute,

@@ -108,7 +108,13 @@ def heartbeat(ctx: Context, node: NodeRecord, policy_version: int) -> tuple[int,
 
     Returns:
         ``(server time in unix ms, the node's reputation score now)``.
+
+    Raises:
+        FtisError: RATE_LIMITED (``heartbeats_per_minute``).
     """
+    if not ctx.quotas.admit_heartbeat(node.node_id):
+        raise FtisError(ErrorCode.RATE_LIMITED, f"more than "
+                        f"{ctx.config.heartbeats_per_minute:g} heartbeats per minute; slow down")
     now = ctx.clock()
     ctx.seen.touch(node.node_id, now, policy_version)
     return now, reputation.current_score(node.standing, now, ctx.policy.half_life_s)

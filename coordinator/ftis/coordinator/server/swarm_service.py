@@ -10,10 +10,12 @@ NODE_UNKNOWN → AUTH_INVALID / AUTH_EXPIRED → NODE_BANNED), which hands the n
 the handler. Relay pages are written as wire bytes around the stored envelopes, which are
 never re-parsed (:func:`convert.relay_page_bytes`).
 
-:func:`add_swarm_service` registers the servicer with a per-method size limit that is
-checked on the raw bytes *before* decoding: larger requests are answered in-band with
-REQUEST_TOO_LARGE (the transport-level ``max_receive_message_length`` still answers even
-larger messages with gRPC status RESOURCE_EXHAUSTED).
+:func:`add_swarm_service` registers the servicer so that each method gets the raw bytes,
+checked *before* decoding: a connection over its refusal budget is answered RATE_LIMITED
+after a delay (:class:`~ftis.coordinator.quotas.ConnectionBudget`), larger requests than
+the method's limit REQUEST_TOO_LARGE, and undecodable ones REQUEST_INVALID, all in-band
+(the transport-level ``max_receive_message_length`` still answers even larger messages
+with gRPC status RESOURCE_EXHAUSTED).
 
 Metrics (:mod:`ftis.coordinator.observe.metrics`) are taken here: every registered
 method's time and in-band code (``_refusing``, which also sees REQUEST_TOO_LARGE), the
@@ -35,7 +37,7 @@ from google.protobuf.message import DecodeError, Message
 from ftis.coordinator.handlers import bundles, feedback, leases, nodes, relay
 from ftis.coordinator.handlers.context import Context
 from ftis.coordinator.observe import metrics
-from ftis.coordinator.quotas import peer_host
+from ftis.coordinator.quotas import ConnectionBudget, peer_host
 from ftis.coordinator.server import convert
 from ftis.coordinator.state.base import NodeRecord
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -176,23 +178,6 @@ class SwarmService(swarm_pb2_grpc.SwarmServicer):
         return swarm_pb2.UploadTokenizerResponse()
 
 
-class _TooLarge:
-    """Stand-in for a request refused before decoding."""
-
-    def __init__(self, size: int, limit: int) -> None:
-        self.size, self.limit = size, limit
-
-
-class _Undecodable:
-    """Stand-in for request bytes that do not decode as the method's message. Answered
-    in-band (REQUEST_INVALID) instead of by gRPC itself, whose answer (INTERNAL) comes
-    with a logged traceback per request: a flood of garbage then cost the coordinator a
-    formatted traceback each (``make bench-attack``, ``garbage``)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-
 _METHODS: dict[str, tuple[type, type]] = {
     "Register": (swarm_pb2.RegisterRequest, swarm_pb2.RegisterResponse),
     "Heartbeat": (swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse),
@@ -204,37 +189,61 @@ _METHODS: dict[str, tuple[type, type]] = {
 }
 
 
-def _bounded_deserializer(request_cls: type[Message], limit: int) -> Callable[[bytes], Any]:
-    def deserialize(data: bytes) -> Any:
-        if len(data) > limit:
-            return _TooLarge(len(data), limit)
-        try:
-            return request_cls.FromString(data)
-        except DecodeError:
-            return _Undecodable(len(data))
-
-    return deserialize
+def _connection(context: Any) -> str:
+    """The caller's connection (``context.peer()``: ``ipv4:HOST:PORT``); "" for none."""
+    try:
+        return str(context.peer()) if context is not None else ""
+    except Exception:  # a test double without peer()
+        return ""
 
 
-def _refusing(
-    behavior: Callable[[Any, Any], Any], response_cls: type, method: str
-) -> Callable[[Any, Any], Any]:
-    def handle(request: Any, context: Any) -> Any:
+def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
+              response_cls: type, method: str, limit: int,
+              budget: ConnectionBudget) -> Callable[[bytes, Any], Any]:
+    """The handler gRPC calls with the request's raw bytes. In order, before anything is
+    decoded:
+
+    1. the connection is over its refusal budget → RATE_LIMITED, answered after the
+       budget's delay (``time.sleep`` holds this worker thread, not the GIL);
+    2. more than ``limit`` bytes → REQUEST_TOO_LARGE;
+    3. bytes that do not decode as ``request_cls`` → REQUEST_INVALID (answered in-band:
+       gRPC's own answer, INTERNAL, logs a traceback per request, which a flood of
+       garbage turned into the coordinator's main cost; ``make bench-attack``);
+
+    then ``behavior``. Every in-band refusal is counted against the connection."""
+
+    def handle(data: bytes, context: Any) -> Any:
         started = time.perf_counter()
-        if isinstance(request, _TooLarge):
-            response = response_cls(
-                error=common_pb2.Error(
-                    code=ErrorCode.REQUEST_TOO_LARGE,
-                    reason=f"{method} request is {request.size} bytes, limit {request.limit}",
-                )
-            )
-        elif isinstance(request, _Undecodable):
+        connection = _connection(context)
+        if budget.over_budget(connection):
+            delay_s = budget.start_delay()
+            try:
+                time.sleep(delay_s)
+            finally:
+                budget.end_delay(delay_s)
             response = response_cls(error=common_pb2.Error(
-                code=ErrorCode.REQUEST_INVALID,
-                reason=f"{request.size} bytes that do not decode as a {method} request"))
+                code=ErrorCode.RATE_LIMITED,
+                reason=f"this connection's requests were refused more than "
+                       f"{budget.refusals.rate:g} times per second; slow down"))
+            metrics.observe_rpc(method, time.perf_counter() - started, ErrorCode.RATE_LIMITED)
+            return response
+        if len(data) > limit:
+            response = response_cls(error=common_pb2.Error(
+                code=ErrorCode.REQUEST_TOO_LARGE,
+                reason=f"{method} request is {len(data)} bytes, limit {limit}"))
         else:
-            response = behavior(request, context)
-        metrics.observe_rpc(method, time.perf_counter() - started, _response_code(response))
+            try:
+                request = request_cls.FromString(data)
+            except DecodeError:
+                request = None
+                response = response_cls(error=common_pb2.Error(
+                    code=ErrorCode.REQUEST_INVALID,
+                    reason=f"{len(data)} bytes that do not decode as a {method} request"))
+            if request is not None:
+                response = behavior(request, context)
+        code = _response_code(response)
+        budget.record_refusal(connection, code)
+        metrics.observe_rpc(method, time.perf_counter() - started, code)
         return response
 
     return handle
@@ -256,15 +265,18 @@ def _serialize(response: Any) -> bytes:
     return response if isinstance(response, bytes) else response.SerializeToString()
 
 
-def add_swarm_service(servicer: SwarmService, server: grpc.Server, limits: dict[str, int]) -> None:
-    """Register ``servicer`` on ``server`` with per-method request size limits (bytes,
-    checked before decoding → in-band REQUEST_TOO_LARGE). Same wire contract as the
+def add_swarm_service(servicer: SwarmService, server: grpc.Server, limits: dict[str, int],
+                      budget: ConnectionBudget) -> None:
+    """Register ``servicer`` on ``server``: each method gets the request's raw bytes,
+    which :func:`_refusing` checks against the connection's refusal ``budget`` and the
+    method's size limit (``limits``, bytes) before decoding. Same wire contract as the
     generated ``add_SwarmServicer_to_server``."""
     handlers = {}
     for method, (request_cls, response_cls) in _METHODS.items():
         handlers[method] = grpc.unary_unary_rpc_method_handler(
-            _refusing(getattr(servicer, method), response_cls, method),
-            request_deserializer=_bounded_deserializer(request_cls, limits[method]),
+            _refusing(getattr(servicer, method), request_cls, response_cls, method,
+                      limits[method], budget),
+            request_deserializer=None,
             response_serializer=_serialize,
         )
     server.add_generic_rpc_handlers(

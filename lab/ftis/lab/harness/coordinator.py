@@ -55,6 +55,9 @@ UNLIMITED_QUOTAS: dict[str, Any] = {
     "tokenizer_uploads_per_minute": 1e9,
     "registrations_per_minute": 1e9,
     "registrations_per_host_per_minute": 1e9,
+    "heartbeats_per_minute": 1e9,
+    "connection_refusals_per_s": 1e9,
+    "connection_refusal_burst": 1e9,
 }
 
 
