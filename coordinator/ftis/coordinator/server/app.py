@@ -26,8 +26,8 @@ import grpc
 from ftis.coordinator.config import CoordinatorConfig, parse_host_port
 from ftis.coordinator.handlers.context import SEEN_FLUSH_S, Clock, Context, wall_clock_ms
 from ftis.coordinator.observe import metrics
-from ftis.coordinator.quotas import ConnectionBudget
 from ftis.coordinator.observe.http import HttpBindError, StatusHttpServer
+from ftis.coordinator.quotas import ConnectionBudget
 from ftis.coordinator.server.admin_service import AdminService
 from ftis.coordinator.server.swarm_service import SwarmService, add_swarm_service
 from ftis.coordinator.state.base import State
