@@ -278,20 +278,20 @@ class SetReputationConfigResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., config: _Optional[_Union[ReputationConfig, _Mapping]] = ...) -> None: ...
 
 class BranchInfo(_message.Message):
-    __slots__ = ("name", "families", "tokens", "created_at_ms", "node_ids", "bundles_accepted")
+    __slots__ = ("name", "families", "tokens", "defined_at_ms", "node_ids", "bundles_accepted")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FAMILIES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
-    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DEFINED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     BUNDLES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     name: str
     families: _containers.RepeatedScalarFieldContainer[str]
     tokens: float
-    created_at_ms: int
+    defined_at_ms: int
     node_ids: _containers.RepeatedScalarFieldContainer[str]
     bundles_accepted: int
-    def __init__(self, name: _Optional[str] = ..., families: _Optional[_Iterable[str]] = ..., tokens: _Optional[float] = ..., created_at_ms: _Optional[int] = ..., node_ids: _Optional[_Iterable[str]] = ..., bundles_accepted: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., families: _Optional[_Iterable[str]] = ..., tokens: _Optional[float] = ..., defined_at_ms: _Optional[int] = ..., node_ids: _Optional[_Iterable[str]] = ..., bundles_accepted: _Optional[int] = ...) -> None: ...
 
 class ListBranchesRequest(_message.Message):
     __slots__ = ()
