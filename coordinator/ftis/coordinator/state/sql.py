@@ -1813,7 +1813,7 @@ class SqlState(State):
         for node_id, branch in session.execute(
                 select(NodeRow.node_id, NodeRow.branch).where(NodeRow.branch.is_not(None))
                 .order_by(NodeRow.registered_at_ms, NodeRow.node_id)):
-            members.setdefault(branch, []).append(node_id)
+            members.setdefault(str(branch), []).append(node_id)
         # answered leases per branch (an answered lease is an accepted bundle)
         bundles = dict(session.execute(
             select(LeaseRow.branch, func.count(LeaseRow.lease_id))
