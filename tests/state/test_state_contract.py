@@ -481,6 +481,11 @@ def test_leases_carry_their_branch_and_answered_ones_count_per_branch(state: Sql
     # l2 unanswered: not counted; l4 answered but branchless
     assert _shape(state) == [("b0", ("chain_sum",), 0.0, (), 1),
                              ("b1", ("products",), 0.0, (), 1)]
+    state.assign_branches({a: "b0"})
+    # without detail: the definitions only (the lease path's cache)
+    assert [(x.name, x.families, x.node_ids, x.bundles_accepted)
+            for x in state.list_branches(detail=False)] == [
+        ("b0", ("chain_sum",), (), 0), ("b1", ("products",), (), 0)]
     # the lease_block path stores the branch too
     got = state.lease_block(a, 2, T0, 10, lambda start: [
         dataclasses.replace(lease(a, n), branch="b1") for n in range(start + 100, start + 102)])

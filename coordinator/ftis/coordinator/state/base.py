@@ -595,8 +595,10 @@ class State(abc.ABC):
         """
 
     @abc.abstractmethod
-    def list_branches(self) -> list[BranchRecord]:
-        """Every branch by name, with its ``node_ids`` and ``bundles_accepted``."""
+    def list_branches(self, detail: bool = True) -> list[BranchRecord]:
+        """Every branch by name, with its ``node_ids`` and ``bundles_accepted`` (with
+        ``detail``; without, one read of the definitions only, for the lease path's
+        cache: ``()`` and 0)."""
 
     @abc.abstractmethod
     def assign_branches(self, assignments: Mapping[str, str | None]) -> list[NodeRecord]:

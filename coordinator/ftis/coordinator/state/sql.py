@@ -1805,10 +1805,10 @@ class SqlState(State):
                             defined_at_ms=int(row.defined_at_ms), node_ids=node_ids,
                             bundles_accepted=bundles)
 
-    def _list_branches(self, session: Session) -> list[BranchRecord]:
+    def _list_branches(self, session: Session, detail: bool = True) -> list[BranchRecord]:
         rows = list(session.scalars(select(BranchRow).order_by(BranchRow.name)))
-        if not rows:
-            return []
+        if not rows or not detail:
+            return [self._branch_record(r) for r in rows]
         members: dict[str, list[str]] = {}
         for node_id, branch in session.execute(
                 select(NodeRow.node_id, NodeRow.branch).where(NodeRow.branch.is_not(None))
@@ -1822,9 +1822,9 @@ class SqlState(State):
         return [self._branch_record(r, tuple(members.get(r.name, ())),
                                     int(bundles.get(r.name, 0))) for r in rows]
 
-    def list_branches(self) -> list[BranchRecord]:
+    def list_branches(self, detail: bool = True) -> list[BranchRecord]:
         with self._read() as session:
-            return self._list_branches(session)
+            return self._list_branches(session, detail)
 
     def assign_branches(self, assignments: Mapping[str, str | None]) -> list[NodeRecord]:
         if not assignments:
