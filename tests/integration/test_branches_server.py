@@ -177,4 +177,9 @@ def test_branches_plan_assign_show_and_leases_over_grpc(server, tmp_path: Path) 
     # b0 is empty, b1 has bob: the first goes to b0, the second ties (1:1) -> b0
     assert sorted(a["node_id"] for a in spread) == sorted([alice.node_id, carol.node_id])
     assert [a["branch"] for a in spread] == ["b0", "b0"]
+    # clear: no branches, every node on the whole mix
+    assert _admin_json(admin, "branches", "clear")["branches"] == []
+    shown = _admin_json(admin, "branches", "show")
+    assert shown["branches"] == [] and shown["unassigned_nodes"] == 3
+    assert len({x.dataset for x in lease(bob, 32)}) > 1
     channel.close()

@@ -100,6 +100,15 @@ def test_plan_apply_defines_the_branches_replacing_the_others(monkeypatch) -> No
         ("b0", ["letter_counting"], 1229.0), ("b1", ["products", "chain_sum", "gcd"], 3331.0)]
 
 
+def test_clear_replaces_with_no_branches(monkeypatch) -> None:
+    sent = []
+    monkeypatch.setattr(admin, "_call", lambda method, request: sent.append(
+        (method, request)) or admin_pb2.DefineBranchesResponse())
+    result = CliRunner().invoke(admin.app, ["branches", "clear"])
+    assert result.exit_code == 0, result.output
+    assert sent == [("DefineBranches", admin_pb2.DefineBranchesRequest(replace=True))]
+
+
 def test_a_refused_plan_exits_with_the_error_response_code(monkeypatch) -> None:
     refused = admin_pb2.DefineBranchesResponse(error=common_pb2.Error(
         code=ErrorCode.BRANCH_INVALID, reason="family 'gcd' is not in the task mix"))

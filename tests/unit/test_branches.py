@@ -162,7 +162,19 @@ def test_a_branch_whose_families_left_the_mix_refuses_leases(clock) -> None:
     with pytest.raises(FtisError) as info:
         coord.lease_tasks(node.node_id, 1, 2, 16)
     assert info.value.code == ErrorCode.BRANCH_INVALID and "task mix" in info.value.reason
+    assert "(letter_counting)" in info.value.reason
     assert coord.state.count_outstanding_leases(node.node_id, clock()) == 0
+    with pytest.raises(FtisError):  # again, from the cache
+        coord.lease_tasks(node.node_id, 1, 2, 16)
+
+
+def test_replacing_with_no_branches_clears_them_all(coord) -> None:
+    admin.define_branches(coord.ctx, [_b("b0", "gcd"), _b("b1", "products")])
+    node = register(coord)
+    admin.assign_branch(coord.ctx, [node.node_id], "b1")
+    assert admin.define_branches(coord.ctx, [], replace=True) == []
+    assert coord.state.get_node(node.node_id).branch is None
+    assert len({x.dataset for x in _lease_many(coord, node.node_id, 60)}) == 3
 
 
 @pytest.mark.parametrize(("branches", "needle"), [

@@ -11,8 +11,8 @@ of them by name; and the MERIT branches (docs/merit.md): ``branches plan PLAN.js
 [--split conflict_aware|random] [--apply]`` (an ``ftis-lab merit plan`` file; with
 ``--apply`` its branches replace the coordinator's), ``branches assign NODE BRANCH``,
 ``branches assign NODE --none``, ``branches assign --round-robin``, ``branches unassign
-NODE...`` and ``branches show``. ``--json`` prints the response as proto3 JSON (field
-names as in ``admin.proto``, int64 as numbers).
+NODE...``, ``branches clear`` (drop them all) and ``branches show``. ``--json`` prints
+the response as proto3 JSON (field names as in ``admin.proto``, int64 as numbers).
 
 Exit codes (:class:`ftis.protocol.exit_codes.ExitCode`, docs/exit-codes.md): ``OK``,
 ``USAGE``, ``ADMIN_UNREACHABLE`` (admin service unreachable), ``ADMIN_ERROR_RESPONSE``
@@ -552,6 +552,17 @@ def branches_plan(
         _print_json(response)
         return
     _show_branches(list(response.branches), f"branches (from {plan_file.name}, {plan.split})")
+
+
+@branches_app.command("clear")
+def branches_clear(as_json: JsonFlag = False) -> None:
+    """Drop every branch: all nodes are leased from the whole task mix again."""
+    response = _call("DefineBranches", admin_pb2.DefineBranchesRequest(replace=True))
+    _check_error(response, as_json)
+    if as_json:
+        _print_json(response)
+        return
+    _console.print("no branches: every node is leased from the whole task mix")
 
 
 @branches_app.command("show")

@@ -134,8 +134,9 @@ def list_branches(ctx: Context) -> BranchOverview:
 def define_branches(ctx: Context, branches: Sequence[BranchRecord],
                     replace: bool = False) -> list[BranchRecord]:
     """Define (or redefine) ``branches``; with ``replace``, drop every other branch and
-    unassign its nodes (:meth:`State.define_branches`). Every family must be a dataset
-    of the task mix (``config.tasks``). Returns every branch after the change.
+    unassign its nodes (:meth:`State.define_branches`; ``replace`` with no branches
+    drops them all). Every family must be a dataset of the task mix (``config.tasks``).
+    Returns every branch after the change.
 
     Raises:
         FtisError: BRANCH_INVALID (a family not in the mix, or see
@@ -149,11 +150,12 @@ def define_branches(ctx: Context, branches: Sequence[BranchRecord],
                                 f"branch {b.name[:64]}: family {family[:128]!r} is not in the "
                                 f"coordinator's task mix ({', '.join(mix)})")
     try:
-        return ctx.state.define_branches(branches, ctx.clock(), replace=replace)
+        result = ctx.state.define_branches(branches, ctx.clock(), replace=replace)
     finally:
         ctx.branches.drop()
-        log.warning("branches %s: %s", "replaced" if replace else "defined",
-                    "; ".join(f"{b.name}={','.join(b.families)}" for b in branches))
+    log.warning("branches %s: %s", "replaced" if replace else "defined",
+                "; ".join(f"{b.name}={','.join(b.families)}" for b in branches) or "none")
+    return result
 
 
 def assign_branch(ctx: Context, node_ids: Sequence[str], branch: str | None

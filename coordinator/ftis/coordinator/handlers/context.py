@@ -174,18 +174,15 @@ class BranchCache:
                 mix was changed after the branch was defined).
         """
         with self._lock:
-            fresh = (self._read_at is not None
-                     and 0 <= now_ms - self._read_at <= self.ttl_ms)
-            hit = self._among.get(name) if fresh else None
-        if hit is None:
+            known = (self._read_at is not None and 0 <= now_ms - self._read_at <= self.ttl_ms
+                     and name in self._among)
+        if not known:
             self._load(now_ms)
-            with self._lock:
-                hit = self._among.get(name)
-                families = self._families.get(name, ())
-            if hit is None:
-                return None
-        else:
-            families = ()
+        with self._lock:
+            hit = self._among.get(name)
+            families = self._families.get(name, ())
+        if hit is None:
+            return None
         if not hit:
             raise FtisError(ErrorCode.BRANCH_INVALID,
                             f"branch {name}'s families ({', '.join(families)}) are not in "

@@ -131,7 +131,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     def DefineBranches(  # noqa: N802
         self, request: admin_pb2.DefineBranchesRequest, context: Any
     ) -> Any:
-        if not request.branches:
+        if not request.branches and not request.replace:
             raise FtisError(ErrorCode.REQUEST_INVALID, "no branch given")
         branches = admin.define_branches(
             self.ctx, [convert.branch_from_proto(b) for b in request.branches],
