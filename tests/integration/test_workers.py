@@ -36,12 +36,15 @@ BLOCK = 4  # task_number_block: small, so that both workers go through several b
 
 @pytest.fixture
 def two_workers(tmp_path, postgres_database):
-    url = postgres_database()
+    yield from _two_workers(tmp_path, postgres_database(), {})
+
+
+def _two_workers(tmp_path, url: str, extra: dict):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"max_outstanding_leases": LIMIT, "require_tokenizer": False,
                                "bundles_per_minute": QUOTA, "task_number_block": BLOCK,
                                "registrations_per_host_per_minute": 1e6,
-                               "registrations_per_minute": 1e6}))
+                               "registrations_per_minute": 1e6, **extra}))
     ready = tmp_path / "ready.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ftis.coordinator.cli.main", "serve", "--workers", "2",
@@ -148,3 +151,63 @@ def test_the_bundle_quota_holds_across_workers(two_workers):
                 swarm_pb2.SubmitBundleRequest(envelope=envelope), timeout=30)
         codes.append(reply.error.code)
     assert sorted(codes) == [0] * QUOTA + [ErrorCode.RATE_LIMITED] * (LIMIT - QUOTA), codes
+
+
+MIX = [{"dataset": "chain_sum"}, {"dataset": "products"}, {"dataset": "gcd"}]
+
+
+def test_two_workers_lease_each_node_its_branch_from_one_counter(tmp_path, postgres_database):
+    """Branches defined before start: both workers read them (each its own cache), every
+    assigned node gets only its branch's datasets on either worker, and no task number
+    is handed out twice across branches and workers."""
+    from ftis.coordinator.state.base import BranchRecord
+
+    url = postgres_database()
+    state = SqlState(url)
+    state.define_branches([BranchRecord("b0", ("chain_sum",)),
+                           BranchRecord("b1", ("products", "gcd"))], 0)
+    state.close()
+    fixture = _two_workers(tmp_path, url, {"tasks": MIX, "max_outstanding_leases": 64})
+    listen, url, _proc = next(fixture)
+    try:
+        identities = [NodeIdentity.generate() for _ in range(3)]
+        for identity in identities:
+            with grpc.insecure_channel(listen) as channel:
+                reply = swarm_pb2_grpc.SwarmStub(channel).Register(swarm_pb2.RegisterRequest(
+                    envelope=register_envelope(identity, model_card(),
+                                               int(time.time() * 1000))), timeout=30)
+                assert reply.error.code == 0, reply.error
+        state = SqlState(url)
+        state.assign_branches({identities[0].node_id: "b0", identities[1].node_id: "b1"})
+        state.close()
+
+        def run(identity: NodeIdentity) -> list[str]:
+            got = []
+            for _ in range(6):  # fresh connections: both workers serve each node
+                with grpc.insecure_channel(listen) as channel:
+                    reply = swarm_pb2_grpc.SwarmStub(channel).LeaseTasks(signed(
+                        swarm_pb2.LeaseTasksRequest(node_id=identity.node_id, count=8,
+                                                    group_size=2, max_new_tokens=16),
+                        "LeaseTasks", identity, int(time.time() * 1000)), timeout=30)
+                assert reply.error.code == 0, reply.error
+                got += [x.task_id for x in reply.leases]
+            return got
+
+        with ThreadPoolExecutor(3) as pool:
+            granted = list(pool.map(run, identities))
+        state = SqlState(url)
+        try:
+            leases = [[state.get_lease_by_task(t) for t in ids] for ids in granted]
+        finally:
+            state.close()
+        assert {x.dataset for x in leases[0]} == {"chain_sum"}
+        assert {x.branch for x in leases[0]} == {"b0"}
+        assert {x.dataset for x in leases[1]} == {"products", "gcd"}
+        assert {x.dataset for x in leases[2]} == {"chain_sum", "products", "gcd"}
+        assert {x.branch for x in leases[2]} == {None}
+        everything = [x for group in leases for x in group]
+        assert len(everything) == 3 * 48
+        # each task number maps to one (position, entry index): none handed out twice
+        assert len({(x.spec_index, x.entry.index) for x in everything}) == len(everything)
+    finally:
+        next(fixture, None)

@@ -23,6 +23,7 @@ from state_records import (
 
 from ftis.coordinator import reputation
 from ftis.coordinator.reputation import Evidence, ReputationConfig
+from ftis.coordinator.state.base import BranchRecord
 from ftis.coordinator.state.sql import SqlState, VerdictRow, dump_tables
 from ftis.protocol.errors import ErrorCode, FtisError
 
@@ -370,3 +371,122 @@ def test_stats(state: SqlState) -> None:
     assert (got.completions, got.completion_tokens, got.bundle_bytes) == (6, 36, 150)
     assert math.isclose(got.mean_verified_reward, (1.0 + 3.0) / 6)
     assert got.rejections_by_code == {int(ErrorCode.LEASE_EXPIRED): 1}
+
+
+# -- MERIT branches (issue 16) ---------------------------------------------------------
+
+
+def _b(name: str, *families: str, tokens: float = 0.0) -> BranchRecord:
+    return BranchRecord(name=name, families=families, tokens=tokens)
+
+
+def _shape(state: SqlState) -> list[tuple]:
+    return [(b.name, b.families, b.tokens, b.node_ids, b.bundles_accepted)
+            for b in state.list_branches()]
+
+
+def test_define_and_list_branches(state: SqlState) -> None:
+    assert state.list_branches() == []
+    got = state.define_branches([_b("b1", "products", tokens=1153.0),
+                                 _b("b0", "chain_sum", "gcd", tokens=2178.0)], T0)
+    assert got == state.list_branches()
+    assert [(b.name, b.families, b.tokens, b.defined_at_ms) for b in got] == [
+        ("b0", ("chain_sum", "gcd"), 2178.0, T0), ("b1", ("products",), 1153.0, T0)]
+    assert all(b.node_ids == () and b.bundles_accepted == 0 for b in got)
+    # without replace, other branches stay; a family may join a free branch
+    state.define_branches([_b("b2", "letter_counting")], T0 + 1)
+    assert [b.name for b in state.list_branches()] == ["b0", "b1", "b2"]
+
+
+@pytest.mark.parametrize("branches", [
+    [_b("b0", "chain_sum"), _b("b1", "chain_sum")],       # one family in two branches
+    [_b("b0", "gcd", "gcd")],                             # named twice in one
+    [_b("b9", "products")],                               # products is b1's (kept)
+    [_b("b0", "chain_sum"), _b("b0", "gcd")],             # a name twice
+    [_b("b3")],                                           # no family
+    [_b("", "leg_counting")], [_b("b 3", "leg_counting")], [_b("x" * 65, "leg_counting")],
+    [_b("b3", "leg_counting", tokens=-1.0)], [_b("b3", "leg_counting", tokens=math.nan)],
+])
+def test_invalid_branches_are_refused_and_write_nothing(state: SqlState, branches) -> None:
+    state.define_branches([_b("b0", "chain_sum", "gcd"), _b("b1", "products")], T0)
+    before = dump_tables(state, ("branches", "nodes"))
+    with pytest.raises(FtisError) as info:
+        state.define_branches(branches, T0 + 1)
+    assert info.value.code == ErrorCode.BRANCH_INVALID and info.value.reason
+    assert dump_tables(state, ("branches", "nodes")) == before
+
+
+def test_replace_drops_other_branches_and_unassigns_their_nodes(state: SqlState) -> None:
+    a, b = add_node(state, "alice").node_id, add_node(state, "bob", now_ms=T0 + 1).node_id
+    state.define_branches([_b("b0", "chain_sum", "gcd"), _b("b1", "products")], T0)
+    state.assign_branches({a: "b0", b: "b1"})
+    # b0 redefined (its node stays), b1 dropped (its node unassigned); products may
+    # move to b0 since b1 goes in the same call
+    got = state.define_branches([_b("b0", "chain_sum", "products", tokens=5.0)], T0 + 7,
+                                replace=True)
+    assert [(x.name, x.families, x.tokens, x.defined_at_ms, x.node_ids) for x in got] == [
+        ("b0", ("chain_sum", "products"), 5.0, T0 + 7, (a,))]
+    assert state.get_node(a).branch == "b0" and state.get_node(b).branch is None
+
+
+def test_assign_and_unassign_nodes(state: SqlState) -> None:
+    a = add_node(state, "alice").node_id
+    b = add_node(state, "bob", now_ms=T0 + 1).node_id
+    c = add_node(state, "carol", now_ms=T0 + 2).node_id
+    assert state.get_node(a).branch is None  # new nodes: the whole mix
+    state.define_branches([_b("b0", "chain_sum"), _b("b1", "products")], T0)
+    got = state.assign_branches({b: "b1", a: "b0", c: "b0"})
+    assert [(n.node_id, n.branch) for n in got] == [(b, "b1"), (a, "b0"), (c, "b0")]
+    assert got[0] == state.get_node(b)
+    assert [(x.name, x.node_ids) for x in state.list_branches()] == [
+        ("b0", (a, c)), ("b1", (b,))]  # oldest registration first
+    # every node read carries it; re-registering keeps it
+    assert {n.node_id: n.branch for n in state.list_nodes()} == {a: "b0", b: "b1", c: "b0"}
+    assert state.resolve_node(a[:20]).branch == "b0"
+    assert add_node(state, "alice", now_ms=T0 + 9).branch == "b0"
+    (unassigned,) = state.assign_branches({c: None})
+    assert unassigned.branch is None and state.get_node(c).branch is None
+    assert state.assign_branches({}) == []
+
+
+def test_assign_with_an_unknown_node_or_branch_writes_nothing(state: SqlState) -> None:
+    a, b = add_node(state, "alice").node_id, add_node(state, "bob").node_id
+    state.define_branches([_b("b0", "chain_sum")], T0)
+    state.assign_branches({b: "b0"})
+    before = dump_tables(state, ("branches", "nodes"))
+    for assignments, code in [({a: "b0", node_id("ghost"): "b0"}, ErrorCode.NODE_UNKNOWN),
+                              ({a: "b0", b: "nope"}, ErrorCode.BRANCH_UNKNOWN),
+                              ({a: "b\x000"}, ErrorCode.BRANCH_UNKNOWN),
+                              ({"\x00": None}, ErrorCode.NODE_UNKNOWN)]:
+        with pytest.raises(FtisError) as info:
+            state.assign_branches(assignments)
+        assert info.value.code == code, assignments
+    assert dump_tables(state, ("branches", "nodes")) == before
+
+
+def test_leases_carry_their_branch_and_answered_ones_count_per_branch(state: SqlState) -> None:
+    a, b = add_node(state, "alice").node_id, add_node(state, "bob").node_id
+    state.define_branches([_b("b0", "chain_sum"), _b("b1", "products")], T0)
+    l1 = dataclasses.replace(lease(a, 1), branch="b0")
+    l2 = dataclasses.replace(lease(a, 2), branch="b0")
+    l3 = dataclasses.replace(lease(b, 3, dataset="products"), branch="b1")
+    l4 = lease(b, 4)  # issued from the whole mix
+    state.insert_leases([l1, l2, l3, l4])
+    assert state.get_lease_by_task(l1.task_id) == l1 and l1.branch == "b0"
+    assert state.get_lease_by_task(l4.task_id).branch is None
+    snap = state.submission_snapshot(a, l2.task_id, "0" * 64, T0, T0)
+    assert snap.lease == l2
+    for x in (l1, l3, l4):
+        state.store_bundle(new_bundle(x), T0 + 1)
+    # l2 unanswered: not counted; l4 answered but branchless
+    assert _shape(state) == [("b0", ("chain_sum",), 0.0, (), 1),
+                             ("b1", ("products",), 0.0, (), 1)]
+    state.assign_branches({a: "b0"})
+    # without detail: the definitions only (the lease path's cache)
+    assert [(x.name, x.families, x.node_ids, x.bundles_accepted)
+            for x in state.list_branches(detail=False)] == [
+        ("b0", ("chain_sum",), (), 0), ("b1", ("products",), (), 0)]
+    # the lease_block path stores the branch too
+    got = state.lease_block(a, 2, T0, 10, lambda start: [
+        dataclasses.replace(lease(a, n), branch="b1") for n in range(start + 100, start + 102)])
+    assert [state.get_lease_by_task(x.task_id).branch for x in got] == ["b1", "b1"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,23 +151,38 @@ class TaskSource:
                 return entry
         raise ValueError(f"no {self.part} entry in {self.specs[k].dataset}")
 
-    def at(self, number: int) -> tuple[int, TaskEntry]:
+    def at(self, number: int, among: Sequence[int] | None = None) -> tuple[int, TaskEntry]:
         """Task number ``number`` (0, 1, ...) of this source's part: ``(k, entry)`` with
         ``k`` the mix position of its dataset. Random access and deterministic in
-        ``(seed, number)``, so worker processes that reserve numbers from one shared
-        counter hand out the same tasks in the same order as one process would.
+        ``(seed, number, among)``, so worker processes that reserve numbers from one
+        shared counter hand out the same tasks in the same order as one process would.
 
         The dataset is chosen by weight with a generator seeded by ``(seed, number)``;
         within it, task number ``n`` is the ``n``-th entry of the part (wrapping around
         after the part's last entry).
 
+        Args:
+            number: the task number, >= 0.
+            among: mix positions to choose the dataset from (a MERIT branch's sub-mix),
+                by their weights in the mix; ``None``: the whole mix. The entry is the
+                ``number``-th of the chosen dataset either way, so distinct numbers
+                still give distinct ``(k, entry)`` pairs (up to wrapping around), and the
+                held-out split is the same.
+
         Raises:
-            ValueError: for a negative number, or a dataset with no entry of the part.
+            ValueError: for a negative number, an empty ``among`` or a position outside
+                the mix, or a dataset with no entry of the part.
         """
         if number < 0:
             raise ValueError(f"task number {number} < 0")
         rng = random.Random(f"{self._seed}:{number}")
-        k = rng.choices(range(len(self.specs)), weights=[s.weight for s in self.specs])[0]
+        if among is None:
+            k = rng.choices(range(len(self.specs)), weights=[s.weight for s in self.specs])[0]
+        else:
+            if not among or not all(0 <= i < len(self.specs) for i in among):
+                raise ValueError(f"sub-mix {list(among)!r} is empty or outside the mix of "
+                                 f"{len(self.specs)} datasets")
+            k = rng.choices(list(among), weights=[self.specs[i].weight for i in among])[0]
         with self._scan_lock:
             index = self._part_index(k, number)
         return k, self.get(k, index)

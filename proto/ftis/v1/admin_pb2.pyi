@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "display_name", "model_card", "registered_at_ms", "last_seen_ms", "banned", "ban_reason", "policy_version", "bundles_accepted", "bundles_rejected", "reward_mismatches", "latest_metrics", "latest_metrics_step", "reputation", "evidence_good", "evidence_bad", "quarantined", "probation")
+    __slots__ = ("node_id", "display_name", "model_card", "registered_at_ms", "last_seen_ms", "banned", "ban_reason", "policy_version", "bundles_accepted", "bundles_rejected", "reward_mismatches", "latest_metrics", "latest_metrics_step", "reputation", "evidence_good", "evidence_bad", "quarantined", "probation", "branch")
     class LatestMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class NodeInfo(_message.Message):
     EVIDENCE_BAD_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     PROBATION_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     display_name: str
     model_card: _bundle_pb2.ModelCard
@@ -53,7 +54,8 @@ class NodeInfo(_message.Message):
     evidence_bad: float
     quarantined: bool
     probation: bool
-    def __init__(self, node_id: _Optional[str] = ..., display_name: _Optional[str] = ..., model_card: _Optional[_Union[_bundle_pb2.ModelCard, _Mapping]] = ..., registered_at_ms: _Optional[int] = ..., last_seen_ms: _Optional[int] = ..., banned: _Optional[bool] = ..., ban_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., bundles_accepted: _Optional[int] = ..., bundles_rejected: _Optional[int] = ..., reward_mismatches: _Optional[int] = ..., latest_metrics: _Optional[_Mapping[str, float]] = ..., latest_metrics_step: _Optional[int] = ..., reputation: _Optional[float] = ..., evidence_good: _Optional[float] = ..., evidence_bad: _Optional[float] = ..., quarantined: _Optional[bool] = ..., probation: _Optional[bool] = ...) -> None: ...
+    branch: str
+    def __init__(self, node_id: _Optional[str] = ..., display_name: _Optional[str] = ..., model_card: _Optional[_Union[_bundle_pb2.ModelCard, _Mapping]] = ..., registered_at_ms: _Optional[int] = ..., last_seen_ms: _Optional[int] = ..., banned: _Optional[bool] = ..., ban_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., bundles_accepted: _Optional[int] = ..., bundles_rejected: _Optional[int] = ..., reward_mismatches: _Optional[int] = ..., latest_metrics: _Optional[_Mapping[str, float]] = ..., latest_metrics_step: _Optional[int] = ..., reputation: _Optional[float] = ..., evidence_good: _Optional[float] = ..., evidence_bad: _Optional[float] = ..., quarantined: _Optional[bool] = ..., probation: _Optional[bool] = ..., branch: _Optional[str] = ...) -> None: ...
 
 class Evidence(_message.Message):
     __slots__ = ("at_ms", "kind", "weight", "detail", "reporter_node_id", "bundle_id")
@@ -274,3 +276,75 @@ class SetReputationConfigResponse(_message.Message):
     error: _common_pb2.Error
     config: ReputationConfig
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., config: _Optional[_Union[ReputationConfig, _Mapping]] = ...) -> None: ...
+
+class BranchInfo(_message.Message):
+    __slots__ = ("name", "families", "tokens", "defined_at_ms", "node_ids", "bundles_accepted")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FAMILIES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEFINED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    families: _containers.RepeatedScalarFieldContainer[str]
+    tokens: float
+    defined_at_ms: int
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    bundles_accepted: int
+    def __init__(self, name: _Optional[str] = ..., families: _Optional[_Iterable[str]] = ..., tokens: _Optional[float] = ..., defined_at_ms: _Optional[int] = ..., node_ids: _Optional[_Iterable[str]] = ..., bundles_accepted: _Optional[int] = ...) -> None: ...
+
+class ListBranchesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBranchesResponse(_message.Message):
+    __slots__ = ("branches", "task_mix", "unassigned_nodes")
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    TASK_MIX_FIELD_NUMBER: _ClassVar[int]
+    UNASSIGNED_NODES_FIELD_NUMBER: _ClassVar[int]
+    branches: _containers.RepeatedCompositeFieldContainer[BranchInfo]
+    task_mix: _containers.RepeatedScalarFieldContainer[str]
+    unassigned_nodes: int
+    def __init__(self, branches: _Optional[_Iterable[_Union[BranchInfo, _Mapping]]] = ..., task_mix: _Optional[_Iterable[str]] = ..., unassigned_nodes: _Optional[int] = ...) -> None: ...
+
+class DefineBranchesRequest(_message.Message):
+    __slots__ = ("branches", "replace")
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    branches: _containers.RepeatedCompositeFieldContainer[BranchInfo]
+    replace: bool
+    def __init__(self, branches: _Optional[_Iterable[_Union[BranchInfo, _Mapping]]] = ..., replace: _Optional[bool] = ...) -> None: ...
+
+class DefineBranchesResponse(_message.Message):
+    __slots__ = ("error", "branches")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    branches: _containers.RepeatedCompositeFieldContainer[BranchInfo]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., branches: _Optional[_Iterable[_Union[BranchInfo, _Mapping]]] = ...) -> None: ...
+
+class AssignBranchRequest(_message.Message):
+    __slots__ = ("node_ids", "branch", "round_robin")
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ROBIN_FIELD_NUMBER: _ClassVar[int]
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    branch: str
+    round_robin: bool
+    def __init__(self, node_ids: _Optional[_Iterable[str]] = ..., branch: _Optional[str] = ..., round_robin: _Optional[bool] = ...) -> None: ...
+
+class NodeBranch(_message.Message):
+    __slots__ = ("node_id", "branch")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    branch: str
+    def __init__(self, node_id: _Optional[str] = ..., branch: _Optional[str] = ...) -> None: ...
+
+class AssignBranchResponse(_message.Message):
+    __slots__ = ("error", "assignments")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    assignments: _containers.RepeatedCompositeFieldContainer[NodeBranch]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., assignments: _Optional[_Iterable[_Union[NodeBranch, _Mapping]]] = ...) -> None: ...

@@ -74,6 +74,21 @@ class AdminStub:
                 request_serializer=ftis_dot_v1_dot_admin__pb2.SetReputationConfigRequest.SerializeToString,
                 response_deserializer=ftis_dot_v1_dot_admin__pb2.SetReputationConfigResponse.FromString,
                 _registered_method=True)
+        self.ListBranches = channel.unary_unary(
+                '/ftis.v1.Admin/ListBranches',
+                request_serializer=ftis_dot_v1_dot_admin__pb2.ListBranchesRequest.SerializeToString,
+                response_deserializer=ftis_dot_v1_dot_admin__pb2.ListBranchesResponse.FromString,
+                _registered_method=True)
+        self.DefineBranches = channel.unary_unary(
+                '/ftis.v1.Admin/DefineBranches',
+                request_serializer=ftis_dot_v1_dot_admin__pb2.DefineBranchesRequest.SerializeToString,
+                response_deserializer=ftis_dot_v1_dot_admin__pb2.DefineBranchesResponse.FromString,
+                _registered_method=True)
+        self.AssignBranch = channel.unary_unary(
+                '/ftis.v1.Admin/AssignBranch',
+                request_serializer=ftis_dot_v1_dot_admin__pb2.AssignBranchRequest.SerializeToString,
+                response_deserializer=ftis_dot_v1_dot_admin__pb2.AssignBranchResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -127,6 +142,25 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListBranches(self, request, context):
+        """MERIT branches (issue 16): named sub-mixes of the task mix, and which node trains which
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DefineBranches(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AssignBranch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +203,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SetReputationConfig,
                     request_deserializer=ftis_dot_v1_dot_admin__pb2.SetReputationConfigRequest.FromString,
                     response_serializer=ftis_dot_v1_dot_admin__pb2.SetReputationConfigResponse.SerializeToString,
+            ),
+            'ListBranches': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBranches,
+                    request_deserializer=ftis_dot_v1_dot_admin__pb2.ListBranchesRequest.FromString,
+                    response_serializer=ftis_dot_v1_dot_admin__pb2.ListBranchesResponse.SerializeToString,
+            ),
+            'DefineBranches': grpc.unary_unary_rpc_method_handler(
+                    servicer.DefineBranches,
+                    request_deserializer=ftis_dot_v1_dot_admin__pb2.DefineBranchesRequest.FromString,
+                    response_serializer=ftis_dot_v1_dot_admin__pb2.DefineBranchesResponse.SerializeToString,
+            ),
+            'AssignBranch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AssignBranch,
+                    request_deserializer=ftis_dot_v1_dot_admin__pb2.AssignBranchRequest.FromString,
+                    response_serializer=ftis_dot_v1_dot_admin__pb2.AssignBranchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +436,87 @@ class Admin:
             '/ftis.v1.Admin/SetReputationConfig',
             ftis_dot_v1_dot_admin__pb2.SetReputationConfigRequest.SerializeToString,
             ftis_dot_v1_dot_admin__pb2.SetReputationConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBranches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftis.v1.Admin/ListBranches',
+            ftis_dot_v1_dot_admin__pb2.ListBranchesRequest.SerializeToString,
+            ftis_dot_v1_dot_admin__pb2.ListBranchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DefineBranches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftis.v1.Admin/DefineBranches',
+            ftis_dot_v1_dot_admin__pb2.DefineBranchesRequest.SerializeToString,
+            ftis_dot_v1_dot_admin__pb2.DefineBranchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AssignBranch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftis.v1.Admin/AssignBranch',
+            ftis_dot_v1_dot_admin__pb2.AssignBranchRequest.SerializeToString,
+            ftis_dot_v1_dot_admin__pb2.AssignBranchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AUTH_INVALID: _ClassVar[ErrorCode]
     AUTH_EXPIRED: _ClassVar[ErrorCode]
     MODEL_NOT_CHECKABLE: _ClassVar[ErrorCode]
+    BRANCH_UNKNOWN: _ClassVar[ErrorCode]
+    BRANCH_INVALID: _ClassVar[ErrorCode]
     TEXT_MISMATCH: _ClassVar[ErrorCode]
     PROMPT_MISMATCH: _ClassVar[ErrorCode]
     TOKENIZER_REQUIRED: _ClassVar[ErrorCode]
@@ -91,6 +93,8 @@ REQUEST_INVALID: ErrorCode
 AUTH_INVALID: ErrorCode
 AUTH_EXPIRED: ErrorCode
 MODEL_NOT_CHECKABLE: ErrorCode
+BRANCH_UNKNOWN: ErrorCode
+BRANCH_INVALID: ErrorCode
 TEXT_MISMATCH: ErrorCode
 PROMPT_MISMATCH: ErrorCode
 TOKENIZER_REQUIRED: ErrorCode

@@ -7,8 +7,12 @@ reputation evidence is reset to 0), ``reputation show`` and ``reputation set``, 
 has one flag per :class:`~ftis.coordinator.reputation.ReputationConfig` field, derived
 from the dataclass (``--quarantine-threshold X``, ``--feedback-cap W``,
 ``--auto-ban-on-proof/--no-auto-ban-on-proof``, ...), and ``--set FIELD=VALUE`` for any
-of them by name. ``--json`` prints the response as proto3 JSON (field names as in
-``admin.proto``, int64 as numbers).
+of them by name; and the MERIT branches (docs/merit.md): ``branches plan PLAN.json
+[--split conflict_aware|random] [--apply]`` (an ``ftis-lab merit plan`` file; with
+``--apply`` its branches replace the coordinator's), ``branches assign NODE BRANCH``,
+``branches assign NODE --none``, ``branches assign --round-robin``, ``branches unassign
+NODE...``, ``branches clear`` (drop them all) and ``branches show``. ``--json`` prints
+the response as proto3 JSON (field names as in ``admin.proto``, int64 as numbers).
 
 Exit codes (:class:`ftis.protocol.exit_codes.ExitCode`, docs/exit-codes.md): ``OK``,
 ``USAGE``, ``ADMIN_UNREACHABLE`` (admin service unreachable), ``ADMIN_ERROR_RESPONSE``
@@ -25,6 +29,7 @@ import re
 import sys
 import time
 import typing
+from pathlib import Path
 from typing import Annotated, Any
 
 import grpc
@@ -34,6 +39,7 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
+from ftis.coordinator.admin_cli.merit_plan import SPLITS, Plan, PlanError, read_plan
 from ftis.coordinator.reputation import ReputationConfig
 from ftis.protocol.errors import ErrorCode, code_name
 from ftis.protocol.exit_codes import ExitCode
@@ -49,9 +55,13 @@ app = typer.Typer(
 nodes_app = typer.Typer(help="Registered nodes.", no_args_is_help=True)
 bundles_app = typer.Typer(help="Stored bundles.", no_args_is_help=True)
 reputation_app = typer.Typer(help="Reputation policy.", no_args_is_help=True)
+branches_app = typer.Typer(
+    help="MERIT branches: which task families each node is leased (docs/merit.md).",
+    no_args_is_help=True)
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(bundles_app, name="bundles")
 app.add_typer(reputation_app, name="reputation")
+app.add_typer(branches_app, name="branches")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 _console = Console()
@@ -482,6 +492,140 @@ _reputation_set.__signature__ = _reputation_set_sig  # type: ignore[attr-defined
 _reputation_set.__annotations__ = {
     p.name: p.annotation for p in _reputation_set_sig.parameters.values()}
 reputation_app.command("set")(_reputation_set)
+
+
+# -- MERIT branches ------------------------------------------------------------------------
+
+
+def _tokens(value: float) -> str:
+    return f"{value:.0f}" if value > 0 else "-"
+
+
+def _show_branches(branches: list[admin_pb2.BranchInfo], title: str) -> None:
+    total = sum(b.tokens for b in branches)
+    _table(title, ["branch", "families", "tokens", "share", "nodes", "bundles", "defined"], [
+        [b.name, ", ".join(b.families), _tokens(b.tokens),
+         f"{b.tokens / total:.1%}" if total > 0 else "-", len(b.node_ids),
+         b.bundles_accepted, _age(b.defined_at_ms)] for b in branches])
+
+
+def _plan_dict(path: Path, plan: Plan) -> dict[str, Any]:
+    return {"plan": str(path), "model": plan.model, "seed": plan.seed, "split": plan.split,
+            "branches": [{"name": b.name, "families": list(b.families), "tokens": b.tokens,
+                          "share": b.share} for b in plan.branches]}
+
+
+@branches_app.command("plan")
+def branches_plan(
+    plan_file: Annotated[Path, typer.Argument(
+        metavar="PLAN.json", help="Output of `ftis-lab merit plan`.")],
+    split: Annotated[str, typer.Option(
+        help=f"Which of the plan's splits: {' or '.join(SPLITS)}.")] = SPLITS[0],
+    apply: Annotated[bool, typer.Option(
+        "--apply", help="Make these the coordinator's branches (b0, b1, ...), replacing "
+        "any others; nodes of dropped branches get the whole mix again.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Show the branches of a MERIT plan's split, and with --apply define them."""
+    try:
+        plan = read_plan(plan_file, split)
+    except PlanError as exc:
+        _die(ExitCode.USAGE, str(exc))
+        return
+    if not apply:
+        if as_json:
+            print(json.dumps(_plan_dict(plan_file, plan), indent=2, sort_keys=True))
+            return
+        seed = f", seed {plan.seed}" if plan.seed is not None else ""
+        _table(f"{plan_file.name}: {plan.split} split ({plan.model}{seed})",
+               ["branch", "families", "tokens", "share"],
+               [[b.name, ", ".join(b.families), _tokens(b.tokens),
+                 f"{b.share:.1%}" if b.tokens > 0 else "-"] for b in plan.branches])
+        _console.print("not applied: add --apply to define these branches on the coordinator")
+        return
+    request = admin_pb2.DefineBranchesRequest(replace=True, branches=[
+        admin_pb2.BranchInfo(name=b.name, families=list(b.families), tokens=b.tokens)
+        for b in plan.branches])
+    response = _call("DefineBranches", request)
+    _check_error(response, as_json)
+    if as_json:
+        _print_json(response)
+        return
+    _show_branches(list(response.branches), f"branches (from {plan_file.name}, {plan.split})")
+
+
+@branches_app.command("clear")
+def branches_clear(as_json: JsonFlag = False) -> None:
+    """Drop every branch: all nodes are leased from the whole task mix again."""
+    response = _call("DefineBranches", admin_pb2.DefineBranchesRequest(replace=True))
+    _check_error(response, as_json)
+    if as_json:
+        _print_json(response)
+        return
+    _console.print("no branches: every node is leased from the whole task mix")
+
+
+@branches_app.command("show")
+def branches_show(as_json: JsonFlag = False) -> None:
+    """Branches, their families, nodes and accepted bundles; the task mix."""
+    response = _call("ListBranches", admin_pb2.ListBranchesRequest())
+    if as_json:
+        _print_json(response)
+        return
+    _show_branches(list(response.branches), "branches")
+    for b in response.branches:
+        if b.node_ids:
+            _console.print(f"{b.name}: " + " ".join(n[:12] for n in b.node_ids))
+    used = {f for b in response.branches for f in b.families}
+    free = [d for d in response.task_mix if d not in used]
+    _console.print(f"task mix: {', '.join(response.task_mix)}")
+    if response.branches:
+        _console.print(f"families in no branch: {', '.join(free) or '-'}")
+    _console.print(f"unassigned nodes (whole mix): {response.unassigned_nodes}")
+
+
+def _show_assignments(response: admin_pb2.AssignBranchResponse, as_json: bool) -> None:
+    _check_error(response, as_json)
+    if as_json:
+        _print_json(response)
+        return
+    _table("assignments", ["node", "branch"],
+           [[a.node_id, a.branch or "(whole mix)"] for a in response.assignments])
+
+
+@branches_app.command("assign")
+def branches_assign(
+    node: Annotated[str | None, typer.Argument(help="Node id or unique prefix.")] = None,
+    branch: Annotated[str | None, typer.Argument(help="Branch name (branches show).")] = None,
+    none: Annotated[bool, typer.Option(
+        "--none", help="Unassign NODE: it is leased from the whole mix again.")] = False,
+    round_robin: Annotated[bool, typer.Option(
+        "--round-robin", help="Instead: spread every registered node that is neither "
+        "assigned nor banned over the branches (fewest nodes first).")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Assign a node to a branch (NODE BRANCH), unassign it (NODE --none), or spread
+    the unassigned nodes (--round-robin)."""
+    if round_robin:
+        if node is not None or branch is not None or none:
+            _die(ExitCode.USAGE, "--round-robin takes no NODE, BRANCH or --none")
+        request = admin_pb2.AssignBranchRequest(round_robin=True)
+    elif node is None or (branch is None) == (not none):
+        _die(ExitCode.USAGE, "give NODE BRANCH, NODE --none, or --round-robin")
+        return
+    else:
+        request = admin_pb2.AssignBranchRequest(node_ids=[node], branch=branch or "")
+    _show_assignments(_call("AssignBranch", request), as_json)
+
+
+@branches_app.command("unassign")
+def branches_unassign(
+    nodes: Annotated[list[str], typer.Argument(help="Node ids or unique prefixes.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Unassign nodes: they are leased from the whole task mix again."""
+    response = _call("AssignBranch", admin_pb2.AssignBranchRequest(node_ids=nodes, branch=""))
+    _show_assignments(response, as_json)
 
 
 if __name__ == "__main__":

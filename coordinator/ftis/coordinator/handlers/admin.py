@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ftis.coordinator import reputation
 from ftis.coordinator.handlers.context import REPUTATION_SETTING, Context
 from ftis.coordinator.reputation import ReputationConfig
-from ftis.coordinator.state.base import BundleRecord, EvidenceRecord, NodeRecord, StatsRecord
+from ftis.coordinator.state.base import (
+    BranchRecord,
+    BundleRecord,
+    EvidenceRecord,
+    NodeRecord,
+    StatsRecord,
+)
+from ftis.protocol.errors import ErrorCode, FtisError
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +103,107 @@ def set_reputation_policy(ctx: Context, cfg: ReputationConfig) -> ReputationConf
                                  reputation.standing_update([], now, cfg))
     log.warning("reputation policy changed: %s", cfg)
     return cfg
+
+
+# -- MERIT branches (issue 16; docs/merit.md, docs/operators.md) --------------------------
+
+
+@dataclass(frozen=True)
+class BranchOverview:
+    """The branches (with their nodes and accepted bundles), the task mix's datasets in
+    mix order, and how many registered nodes are leased from the whole mix."""
+
+    branches: list[BranchRecord]
+    task_mix: list[str]
+    unassigned_nodes: int
+
+
+def task_mix(ctx: Context) -> list[str]:
+    """The datasets of the coordinator's task mix, in mix order, each once."""
+    return list(dict.fromkeys(spec.dataset for spec in ctx.config.tasks))
+
+
+def list_branches(ctx: Context) -> BranchOverview:
+    """Every branch by name, with the mix and the count of unassigned nodes."""
+    branches = ctx.state.list_branches()
+    nodes = ctx.state.swarm_counts(ctx.clock(), ACTIVE_WINDOW_MS).nodes
+    assigned = sum(len(b.node_ids) for b in branches)
+    return BranchOverview(branches, task_mix(ctx), max(0, nodes - assigned))
+
+
+def define_branches(ctx: Context, branches: Sequence[BranchRecord],
+                    replace: bool = False) -> list[BranchRecord]:
+    """Define (or redefine) ``branches``; with ``replace``, drop every other branch and
+    unassign its nodes (:meth:`State.define_branches`; ``replace`` with no branches
+    drops them all). Every family must be a dataset of the task mix (``config.tasks``).
+    Returns every branch after the change.
+
+    Raises:
+        FtisError: BRANCH_INVALID (a family not in the mix, or see
+            :func:`~ftis.coordinator.state.base.check_branches`).
+    """
+    mix = task_mix(ctx)
+    for b in branches:
+        for family in b.families:
+            if family not in mix:
+                raise FtisError(ErrorCode.BRANCH_INVALID,
+                                f"branch {b.name[:64]}: family {family[:128]!r} is not in the "
+                                f"coordinator's task mix ({', '.join(mix)})")
+    try:
+        result = ctx.state.define_branches(branches, ctx.clock(), replace=replace)
+    finally:
+        ctx.branches.drop()
+    log.warning("branches %s: %s", "replaced" if replace else "defined",
+                "; ".join(f"{b.name}={','.join(b.families)}" for b in branches) or "none")
+    return result
+
+
+def assign_branch(ctx: Context, node_ids: Sequence[str], branch: str | None
+                  ) -> list[NodeRecord]:
+    """Assign the nodes (full ids or unique prefixes) to ``branch``, or unassign them
+    (``None``: the whole mix again), all or none. Their next lease in this process
+    follows at once; in other worker processes within a second (node records are
+    cached that long).
+
+    Raises:
+        FtisError: NODE_UNKNOWN, BRANCH_UNKNOWN, REQUEST_INVALID (no node given).
+    """
+    if not node_ids:
+        raise FtisError(ErrorCode.REQUEST_INVALID, "no node given")
+    resolved = [ctx.state.resolve_node(n).node_id for n in node_ids]
+    return _assign(ctx, dict.fromkeys(resolved, branch))
+
+
+def assign_round_robin(ctx: Context) -> list[NodeRecord]:
+    """Spread every registered node that is neither assigned nor banned over the
+    branches: each, oldest registration first, goes to the branch with the fewest
+    nodes (ties: the first by name). Returns the nodes assigned (``[]`` if none was
+    unassigned).
+
+    Raises:
+        FtisError: BRANCH_INVALID when no branch is defined.
+    """
+    branches = ctx.state.list_branches()
+    if not branches:
+        raise FtisError(ErrorCode.BRANCH_INVALID,
+                        "no branch defined: ftis-admin branches plan PLAN.json --apply")
+    load = {b.name: len(b.node_ids) for b in branches}
+    plan: dict[str, str | None] = {}
+    for node in ctx.state.list_nodes():
+        if node.branch is None and not node.banned:
+            name = min(load, key=lambda n: (load[n], n))
+            plan[node.node_id] = name
+            load[name] += 1
+    return _assign(ctx, plan)
+
+
+def _assign(ctx: Context, plan: dict[str, str | None]) -> list[NodeRecord]:
+    try:
+        nodes = ctx.state.assign_branches(plan)
+    finally:
+        for node_id in plan:
+            ctx.nodes.drop(node_id)
+    if nodes:
+        log.warning("%d node(s) assigned: %s", len(nodes), ", ".join(
+            f"{n.node_id[:12]}->{n.branch or '(whole mix)'}" for n in nodes[:20]))
+    return nodes

@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ftis.coordinator.config import CoordinatorConfig
@@ -22,7 +22,8 @@ from ftis.coordinator.rescoring import RescoringPool
 from ftis.coordinator.spot_check_pool import SpotChecker
 from ftis.coordinator.state.base import NodeRecord, State
 from ftis.coordinator.tokenizer_store import TokenizerCache
-from ftis.tasks import HeldoutSplit, TaskSource
+from ftis.protocol.errors import ErrorCode, FtisError
+from ftis.tasks import HeldoutSplit, TaskSource, TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,72 @@ class NodeCache:
             self._nodes.pop(node_id, None)
 
 
+#: How long this process reuses the branch definitions it read (seconds).
+BRANCH_CACHE_S = 1.0
+
+
+class BranchCache:
+    """MERIT branch definitions as mix positions, read from the state at most once per
+    :data:`BRANCH_CACHE_S` (:meth:`State.list_branches` without detail: one small read
+    per second, not per lease) and at once when a node names a branch not cached.
+
+    A branch is read as the positions ``k`` of the task mix whose dataset is one of its
+    families (a dataset may appear at several positions, with different configs).
+    Definitions changed by this process's admin calls take effect at once
+    (:meth:`drop`); another worker process's within :data:`BRANCH_CACHE_S`, as bans do.
+    """
+
+    def __init__(self, state: State, specs: Sequence[TaskSpec],
+                 ttl_s: float = BRANCH_CACHE_S) -> None:
+        self.state = state
+        self.specs = list(specs)
+        self.ttl_ms = int(ttl_s * 1000)
+        self._lock = threading.Lock()
+        self._read_at: int | None = None
+        self._among: dict[str, tuple[int, ...]] = {}
+        self._families: dict[str, tuple[str, ...]] = {}
+
+    def _load(self, now_ms: int) -> None:
+        branches = self.state.list_branches(detail=False)
+        among = {b.name: tuple(k for k, spec in enumerate(self.specs)
+                               if spec.dataset in b.families) for b in branches}
+        with self._lock:
+            self._among = among
+            self._families = {b.name: b.families for b in branches}
+            self._read_at = now_ms
+
+    def among(self, name: str, now_ms: int) -> tuple[int, ...] | None:
+        """The mix positions of branch ``name``'s families, or ``None`` if no such
+        branch exists (it was dropped, and with it the node's assignment: the node is
+        leased from the whole mix, as the database now says).
+
+        Raises:
+            FtisError: BRANCH_INVALID if none of its families is in the task mix (the
+                mix was changed after the branch was defined).
+        """
+        with self._lock:
+            known = (self._read_at is not None and 0 <= now_ms - self._read_at <= self.ttl_ms
+                     and name in self._among)
+        if not known:
+            self._load(now_ms)
+        with self._lock:
+            hit = self._among.get(name)
+            families = self._families.get(name, ())
+        if hit is None:
+            return None
+        if not hit:
+            raise FtisError(ErrorCode.BRANCH_INVALID,
+                            f"branch {name}'s families ({', '.join(families)}) are not in "
+                            "the coordinator's task mix; the operator must reassign this "
+                            "node or redefine the branches")
+        return hit
+
+    def drop(self) -> None:
+        """Forget the cached definitions (this process changed them)."""
+        with self._lock:
+            self._read_at = None
+
+
 #: Milliseconds a sender's bundles are refused from memory after a recorded RATE_LIMITED.
 REFUSAL_HOLD_MS = 1000
 
@@ -187,6 +254,8 @@ class Context:
         refusals: senders refused from memory for a moment after a recorded quota refusal.
         seen: buffered last-seen times.
         nodes: node records reused by authentication for up to a second.
+        branches: MERIT branch definitions reused by leases for up to a second (a
+            node's branch name is in its record; see :class:`BranchCache`).
         policy: the reputation policy in force (settings row if set, else the config's).
     """
 
@@ -201,6 +270,7 @@ class Context:
     refusals: RefusalHold = field(default_factory=RefusalHold)
     seen: SeenBuffer = field(default_factory=SeenBuffer)
     nodes: NodeCache = field(default_factory=NodeCache)
+    branches: BranchCache = field(init=False)
     policy: ReputationConfig = field(default_factory=ReputationConfig)
     upload_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -231,6 +301,9 @@ class Context:
         )
         ctx.policy = ctx.load_policy()
         return ctx
+
+    def __post_init__(self) -> None:
+        self.branches = BranchCache(self.state, self.tasks.specs)
 
     def load_policy(self) -> ReputationConfig:
         """The stored reputation policy, or the config's (a bad stored row is logged)."""

@@ -42,7 +42,12 @@ def lease_tasks(ctx: Context, node: NodeRecord, count: int, group_size: int,
 
     Task numbers come from the database's draw counter, so several worker processes
     never hand out the same number (:meth:`State.lease_block`); number ``n`` is
-    ``ctx.tasks.at(n)``.
+    ``ctx.tasks.at(n)``. A node assigned to a MERIT branch (``node.branch``) gets
+    ``ctx.tasks.at(n, among)`` instead, ``among`` the mix positions of the branch's
+    families (:class:`~ftis.coordinator.handlers.context.BranchCache`, no database read
+    per lease): the same shared counter, so numbers stay unique across branches and
+    workers, and the same entry and held-out split for a number as the whole mix would
+    give if it picked that dataset. The lease records the branch.
 
     Args:
         count: tasks wanted, in [1, 64].
@@ -52,20 +57,24 @@ def lease_tasks(ctx: Context, node: NodeRecord, count: int, group_size: int,
 
     Raises:
         FtisError: TOKENIZER_REQUIRED, REQUEST_INVALID, LEASE_LIMIT (the node's
-            unanswered, unexpired leases plus ``count`` exceed ``max_outstanding_leases``).
+            unanswered, unexpired leases plus ``count`` exceed ``max_outstanding_leases``),
+            BRANCH_INVALID (the node's branch has no family in the task mix).
     """
     check_lease_request(ctx, node, count, group_size, max_new_tokens)
     now = ctx.clock()
     deadline = now + int(ctx.config.lease_ttl_s * 1000)
+    among = ctx.branches.among(node.branch, now) if node.branch is not None else None
+    branch = node.branch if among is not None else None
 
     def make(start: int) -> list[LeaseRecord]:
         leases = []
         for number in range(start, start + count):
-            k, entry = ctx.tasks.at(number)
+            k, entry = ctx.tasks.at(number, among)
             leases.append(LeaseRecord(
                 lease_id=uuid.uuid4().hex, task_id=uuid.uuid4().hex, node_id=node.node_id,
                 dataset=entry.dataset, spec_index=k, entry=entry, group_size=group_size,
-                max_new_tokens=max_new_tokens, issued_at_ms=now, deadline_ms=deadline))
+                max_new_tokens=max_new_tokens, issued_at_ms=now, deadline_ms=deadline,
+                branch=branch))
         return leases
 
     leases = ctx.state.lease_block(node.node_id, count, now,

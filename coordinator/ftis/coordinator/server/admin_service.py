@@ -1,8 +1,9 @@
 """Servicer of the operator-facing ``ftis.v1.Admin`` service (separate listener).
 
 Responses with an ``error`` field carry rejections in-band (NODE_UNKNOWN for an unknown
-or ambiguous node id prefix). For responses without one (ListNodes, Stats,
-ListBundles) an unexpected exception aborts the call with gRPC status INTERNAL.
+or ambiguous node id prefix; BRANCH_UNKNOWN, BRANCH_INVALID, REQUEST_INVALID for the
+branch calls). For responses without one (ListNodes, Stats, ListBundles, ListBranches)
+an unexpected exception aborts the call with gRPC status INTERNAL.
 """
 
 from __future__ import annotations
@@ -117,3 +118,38 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise FtisError(ErrorCode.REQUEST_INVALID, str(exc)) from None
         admin.set_reputation_policy(self.ctx, cfg)
         return admin_pb2.SetReputationConfigResponse(config=convert.reputation_config(cfg))
+
+    # -- MERIT branches -----------------------------------------------------------------
+    @_abort_on_exception
+    def ListBranches(self, request: Any, context: Any) -> Any:  # noqa: N802
+        overview = admin.list_branches(self.ctx)
+        return admin_pb2.ListBranchesResponse(
+            branches=[convert.branch_info(b) for b in overview.branches],
+            task_mix=overview.task_mix, unassigned_nodes=overview.unassigned_nodes)
+
+    @in_band_errors(admin_pb2.DefineBranchesResponse)
+    def DefineBranches(  # noqa: N802
+        self, request: admin_pb2.DefineBranchesRequest, context: Any
+    ) -> Any:
+        if not request.branches and not request.replace:
+            raise FtisError(ErrorCode.REQUEST_INVALID, "no branch given")
+        branches = admin.define_branches(
+            self.ctx, [convert.branch_from_proto(b) for b in request.branches],
+            replace=request.replace)
+        return admin_pb2.DefineBranchesResponse(
+            branches=[convert.branch_info(b) for b in branches])
+
+    @in_band_errors(admin_pb2.AssignBranchResponse)
+    def AssignBranch(  # noqa: N802
+        self, request: admin_pb2.AssignBranchRequest, context: Any
+    ) -> Any:
+        if request.round_robin:
+            if request.node_ids or request.branch:
+                raise FtisError(ErrorCode.REQUEST_INVALID,
+                                "round_robin takes no node ids and no branch")
+            nodes = admin.assign_round_robin(self.ctx)
+        else:
+            nodes = admin.assign_branch(self.ctx, list(request.node_ids),
+                                        request.branch or None)
+        return admin_pb2.AssignBranchResponse(assignments=[
+            admin_pb2.NodeBranch(node_id=n.node_id, branch=n.branch or "") for n in nodes])

@@ -7,7 +7,13 @@ import dataclasses
 from ftis.coordinator import reputation
 from ftis.coordinator.handlers.relay import RelayPage
 from ftis.coordinator.reputation import ReputationConfig
-from ftis.coordinator.state.base import BundleRecord, EvidenceRecord, LeaseRecord, NodeRecord
+from ftis.coordinator.state.base import (
+    BranchRecord,
+    BundleRecord,
+    EvidenceRecord,
+    LeaseRecord,
+    NodeRecord,
+)
 from ftis.protocol.errors import code_name
 from ftis.tasks import render_messages
 from ftis.v1 import admin_pb2, bundle_pb2, common_pb2, swarm_pb2
@@ -115,7 +121,21 @@ def node_info(
         evidence_bad=bad,
         quarantined=node.quarantined,
         probation=reputation.on_probation(node.bundles_accepted, cfg),
+        branch=node.branch or "",
     )
+
+
+def branch_info(branch: BranchRecord) -> admin_pb2.BranchInfo:
+    """Admin view of a MERIT branch."""
+    return admin_pb2.BranchInfo(
+        name=branch.name, families=list(branch.families), tokens=branch.tokens,
+        defined_at_ms=branch.defined_at_ms, node_ids=list(branch.node_ids),
+        bundles_accepted=branch.bundles_accepted)
+
+
+def branch_from_proto(info: admin_pb2.BranchInfo) -> BranchRecord:
+    """A branch to define from its message (name, families and tokens are read)."""
+    return BranchRecord(name=info.name, families=tuple(info.families), tokens=info.tokens)
 
 
 def evidence(record: EvidenceRecord) -> admin_pb2.Evidence:

@@ -14,10 +14,12 @@ the signed envelope and, with ``auto_ban_on_proof``, bans the sender.
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ftis.coordinator.reputation import Evidence, Standing
+from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.tasks.source import TaskEntry
 
 
@@ -62,6 +64,9 @@ class NodeRecord:
     rep_updated_ms: int = 0
     #: Bundles stored but not relayed (updated on every evidence event).
     quarantined: bool = False
+    #: The MERIT branch the node is leased from (:class:`BranchRecord`); ``None``: the
+    #: whole task mix.
+    branch: str | None = None
 
     @property
     def standing(self) -> Standing:
@@ -87,7 +92,9 @@ class LeaseRecord:
     """A task issued to one node. ``bundle_id`` is set once a bundle answered it.
 
     ``spec_index`` is the position of the task's dataset in the configured task mix
-    (used to resume the task cursors after a restart).
+    (used to resume the task cursors after a restart). ``branch`` is the MERIT branch
+    the node was leased from (``None``: the whole mix); accepted bundles are counted
+    per branch from it.
     """
 
     lease_id: str
@@ -101,6 +108,67 @@ class LeaseRecord:
     issued_at_ms: int
     deadline_ms: int
     bundle_id: str | None = None
+    branch: str | None = None
+
+
+#: What a branch name may hold: letters, digits, ``_``, ``.``, ``-``, 1 to 64 of them.
+BRANCH_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True)
+class BranchRecord:
+    """A MERIT branch (docs/merit.md): a named sub-mix of the coordinator's task mix.
+    A node assigned to it (:attr:`NodeRecord.branch`) is leased tasks of these families
+    only; unassigned nodes are leased from the whole mix.
+
+    Attributes:
+        name: matches :data:`BRANCH_NAME`, e.g. ``"b0"``.
+        families: ReasoningGYM dataset names, non-empty, each in at most one branch.
+        tokens: the plan's token count of these families (the merge weight's basis;
+            0 when not given). Informational: leases do not use it.
+        defined_at_ms: when the branch was (re)defined.
+        node_ids: the nodes assigned to it, oldest registration first
+            (:meth:`State.list_branches` only).
+        bundles_accepted: accepted bundles answering leases issued under it
+            (:meth:`State.list_branches` only).
+    """
+
+    name: str
+    families: tuple[str, ...]
+    tokens: float = 0.0
+    defined_at_ms: int = 0
+    node_ids: tuple[str, ...] = ()
+    bundles_accepted: int = 0
+
+
+def check_branches(branches: Sequence[BranchRecord], kept: Sequence[BranchRecord] = ()
+                   ) -> None:
+    """Raise FtisError BRANCH_INVALID unless ``branches`` (about to be defined) and
+    ``kept`` (existing ones they leave in place) have valid, distinct names, non-empty
+    families, and no family named twice (in one branch or in two): MERIT's branches
+    partition (part of) the mix, so a family trains in one branch only."""
+    owner: dict[str, str] = {}
+    names: set[str] = set()
+    for b in [*branches, *kept]:
+        if not isinstance(b.name, str) or not BRANCH_NAME.fullmatch(b.name):
+            raise FtisError(ErrorCode.BRANCH_INVALID,
+                            f"branch name {str(b.name)[:80]!r} is not 1-64 of [A-Za-z0-9_.-]")
+        if b.name in names:
+            raise FtisError(ErrorCode.BRANCH_INVALID, f"branch {b.name} defined twice")
+        names.add(b.name)
+        if not b.families:
+            raise FtisError(ErrorCode.BRANCH_INVALID, f"branch {b.name} has no family")
+        if not (b.tokens >= 0 and b.tokens < float("inf")):
+            raise FtisError(ErrorCode.BRANCH_INVALID,
+                            f"branch {b.name}: tokens {b.tokens!r} not a finite number >= 0")
+        for family in b.families:
+            if family in owner:
+                where = "twice" if owner[family] == b.name else (
+                    f"in branches {owner[family]} and {b.name}")
+                raise FtisError(ErrorCode.BRANCH_INVALID,
+                                f"family {family[:128]!r} named {where}; a family trains "
+                                "in one branch only")
+            owner[family] = b.name
 
 
 @dataclass(frozen=True)
@@ -507,6 +575,40 @@ class State(abc.ABC):
     def reset_bad_evidence(self, node_id: str, now_ms: int) -> NodeRecord:
         """Set the node's bad evidence to 0 and lift its quarantine (operator unban);
         appends an ``operator_reset`` evidence row."""
+
+    # -- MERIT branches -----------------------------------------------------------
+    @abc.abstractmethod
+    def define_branches(self, branches: Sequence[BranchRecord], now_ms: int,
+                        replace: bool = False) -> list[BranchRecord]:
+        """In one transaction (serialised with every other branch change): define
+        ``branches`` (``name``, ``families``, ``tokens`` are read; ``defined_at_ms`` is
+        ``now_ms``). A branch of an existing name is redefined; its nodes stay assigned.
+        With ``replace``, every other branch is dropped and its nodes unassigned.
+
+        Returns:
+            :meth:`list_branches` after the change.
+
+        Raises:
+            FtisError: BRANCH_INVALID (:func:`check_branches` over the new branches and
+                those kept); nothing is written then. Whether the families are in the
+                task mix is the caller's check (the state does not know the mix).
+        """
+
+    @abc.abstractmethod
+    def list_branches(self, detail: bool = True) -> list[BranchRecord]:
+        """Every branch by name, with its ``node_ids`` and ``bundles_accepted`` (with
+        ``detail``; without, one read of the definitions only, for the lease path's
+        cache: ``()`` and 0)."""
+
+    @abc.abstractmethod
+    def assign_branches(self, assignments: Mapping[str, str | None]) -> list[NodeRecord]:
+        """In one transaction: ``{node_id: branch name or None}`` (exact node ids;
+        ``None`` unassigns). Returns the nodes after, in the mapping's order.
+
+        Raises:
+            FtisError: NODE_UNKNOWN, BRANCH_UNKNOWN (a branch dropped concurrently
+                included); nothing is written then.
+        """
 
     # -- settings ----------------------------------------------------------------
     @abc.abstractmethod

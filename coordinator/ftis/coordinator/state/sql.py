@@ -73,6 +73,7 @@ from sqlalchemy.pool import StaticPool
 from ftis.coordinator import reputation
 from ftis.coordinator.reputation import Evidence, Standing
 from ftis.coordinator.state.base import (
+    BranchRecord,
     BundleRecord,
     CommittedVerdict,
     DatabaseError,
@@ -85,6 +86,7 @@ from ftis.coordinator.state.base import (
     StatsRecord,
     SubmissionSnapshot,
     Verdict,
+    check_branches,
 )
 from ftis.coordinator.state.group_commit import GroupCommit, dbapi_savepoint
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -101,6 +103,8 @@ TASK_BLOCK = 64
 POOL_SIZE = 16
 #: Seconds after which a pooled server connection is replaced.
 POOL_RECYCLE_S = 300
+#: ``pg_advisory_xact_lock`` key serialising branch definitions on PostgreSQL.
+_PG_BRANCHES_LOCK = 0x46544942  # "FTIB"
 
 T = TypeVar("T")
 
@@ -135,6 +139,21 @@ class NodeRow(Base):
     latest_metrics_step: Mapped[int] = mapped_column(BigInteger, default=0)
     #: Highest relay sequence served to this node (revision 0003; flushed in batches).
     relay_served_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    #: The MERIT branch the node is leased from, or NULL: the whole mix (revision 0004).
+    #: Not a foreign key: :meth:`SqlState.define_branches` unassigns the nodes of a
+    #: branch it drops in the same transaction.
+    branch: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
+
+
+class BranchRow(Base):
+    """A MERIT branch: a named sub-mix of the task mix (revision 0004)."""
+
+    __tablename__ = "branches"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    families: Mapped[list[str]] = mapped_column(JSON)
+    tokens: Mapped[float] = mapped_column(Float, default=0.0)
+    defined_at_ms: Mapped[int] = mapped_column(BigInteger)
 
 
 class FeedbackBundleRow(Base):
@@ -180,6 +199,8 @@ class LeaseRow(Base):
     issued_at_ms: Mapped[int] = mapped_column(BigInteger)
     deadline_ms: Mapped[int] = mapped_column(BigInteger)
     bundle_id: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
+    #: The MERIT branch the lease was issued under, or NULL (revision 0004).
+    branch: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
 
 
 class BundleRow(Base):
@@ -729,6 +750,7 @@ class SqlState(State):
             rep_bad=m.rep_bad if has_rep else 0.0,
             rep_updated_ms=m.rep_updated_ms if has_rep else m.registered_at_ms,
             quarantined=bool(m.rep_quarantined) if has_rep else False,
+            branch=m.branch,
         )
 
     def _read_node(self, session: Session | Connection, node_id: str) -> NodeRecord | None:
@@ -751,6 +773,7 @@ class SqlState(State):
             issued_at_ms=row.issued_at_ms,
             deadline_ms=row.deadline_ms,
             bundle_id=row.bundle_id,
+            branch=row.branch,
         )
 
     @staticmethod
@@ -761,7 +784,7 @@ class SqlState(State):
                 "spec_index": lease.spec_index, "entry_json": lease.entry.to_json(),
                 "group_size": lease.group_size, "max_new_tokens": lease.max_new_tokens,
                 "issued_at_ms": lease.issued_at_ms, "deadline_ms": lease.deadline_ms,
-                "bundle_id": None}
+                "bundle_id": None, "branch": lease.branch}
 
     @staticmethod
     def _bundle_record(row: Any, dataset: str) -> BundleRecord:
@@ -1733,6 +1756,107 @@ class SqlState(State):
             )
             session.flush()
             return self._node_record(node, rep)
+
+    # -- MERIT branches ------------------------------------------------------------------
+    def _lock_branches(self, session: Session) -> None:
+        """Serialise branch changes: PostgreSQL takes a transaction-level advisory lock
+        (rows that do not exist yet cannot be locked); SQLite's BEGIN IMMEDIATE already
+        serialises every writer."""
+        if self.is_postgres:
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"),
+                            {"key": _PG_BRANCHES_LOCK})
+
+    def define_branches(self, branches: Sequence[BranchRecord], now_ms: int,
+                        replace: bool = False) -> list[BranchRecord]:
+        check_branches(branches)  # before any I/O: the call's own consistency
+        for b in branches:
+            if not _storable(b.name, *b.families):
+                raise FtisError(ErrorCode.BRANCH_INVALID, f"branch {b.name!r}: NUL in a name")
+        new = {b.name for b in branches}
+        with self._write() as session:
+            self._lock_branches(session)
+            # branch rows before node rows (assign_branches' order: no deadlock)
+            rows = {r.name: r for r in session.scalars(select(BranchRow).with_for_update())}
+            kept = [] if replace else [self._branch_record(r) for name, r in rows.items()
+                                       if name not in new]
+            check_branches(branches, kept)
+            dropped = [name for name in rows if replace and name not in new]
+            if dropped:
+                session.execute(update(NodeRow).where(NodeRow.branch.in_(dropped))
+                                .values(branch=None))
+                for name in dropped:
+                    session.delete(rows[name])
+            for b in branches:
+                row = rows.get(b.name)
+                if row is None:
+                    session.add(BranchRow(name=b.name, families=list(b.families),
+                                          tokens=float(b.tokens), defined_at_ms=now_ms))
+                else:
+                    row.families, row.tokens = list(b.families), float(b.tokens)
+                    row.defined_at_ms = now_ms
+            session.flush()
+            return self._list_branches(session)
+
+    @staticmethod
+    def _branch_record(row: BranchRow, node_ids: tuple[str, ...] = (),
+                       bundles: int = 0) -> BranchRecord:
+        return BranchRecord(name=row.name, families=tuple(row.families or ()),
+                            tokens=float(row.tokens or 0.0),
+                            defined_at_ms=int(row.defined_at_ms), node_ids=node_ids,
+                            bundles_accepted=bundles)
+
+    def _list_branches(self, session: Session, detail: bool = True) -> list[BranchRecord]:
+        rows = list(session.scalars(select(BranchRow).order_by(BranchRow.name)))
+        if not rows or not detail:
+            return [self._branch_record(r) for r in rows]
+        members: dict[str, list[str]] = {}
+        for node_id, branch in session.execute(
+                select(NodeRow.node_id, NodeRow.branch).where(NodeRow.branch.is_not(None))
+                .order_by(NodeRow.registered_at_ms, NodeRow.node_id)):
+            members.setdefault(str(branch), []).append(node_id)
+        # answered leases per branch (an answered lease is an accepted bundle)
+        bundles = dict(session.execute(
+            select(LeaseRow.branch, func.count(LeaseRow.lease_id))
+            .where(LeaseRow.branch.is_not(None), LeaseRow.bundle_id.is_not(None))
+            .group_by(LeaseRow.branch)).tuples().all())
+        return [self._branch_record(r, tuple(members.get(r.name, ())),
+                                    int(bundles.get(r.name, 0))) for r in rows]
+
+    def list_branches(self, detail: bool = True) -> list[BranchRecord]:
+        with self._read() as session:
+            return self._list_branches(session, detail)
+
+    def assign_branches(self, assignments: Mapping[str, str | None]) -> list[NodeRecord]:
+        if not assignments:
+            return []
+        for node_id, branch in assignments.items():
+            if not _storable(node_id):
+                raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {_clean(node_id[:64])!r}")
+            if branch is not None and not _storable(branch):
+                raise FtisError(ErrorCode.BRANCH_UNKNOWN, f"no branch {_clean(branch[:64])!r}")
+        with self._write() as session:
+            wanted = sorted({b for b in assignments.values() if b is not None})
+            # FOR SHARE: a concurrent define_branches cannot drop them before we commit
+            found = set(session.scalars(select(BranchRow.name).where(
+                BranchRow.name.in_(wanted)).with_for_update(read=True))) if wanted else set()
+            missing = [b for b in wanted if b not in found]
+            if missing:
+                raise FtisError(ErrorCode.BRANCH_UNKNOWN, f"no branch {missing[0][:64]!r}")
+            ids = sorted(assignments)  # lock in node_id order, as everywhere
+            locked = set(session.scalars(select(NodeRow.node_id).where(
+                NodeRow.node_id.in_(ids)).with_for_update()))
+            unknown = [i for i in ids if i not in locked]
+            if unknown:
+                raise FtisError(ErrorCode.NODE_UNKNOWN, f"no node {_clean(unknown[0][:64])!r}")
+            for node_id in ids:
+                session.execute(update(NodeRow).where(NodeRow.node_id == node_id)
+                                .values(branch=assignments[node_id]))
+            out = []
+            for node_id in assignments:
+                record = self._read_node(session, node_id)
+                assert record is not None
+                out.append(record)
+            return out
 
     # -- settings ----------------------------------------------------------------------
     def get_setting(self, key: str) -> str | None:
