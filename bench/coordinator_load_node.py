@@ -211,6 +211,9 @@ class LoadStats:
     end: float = math.inf
     latencies: dict[str, list[float]] = field(
         default_factory=lambda: {rpc: [] for rpc in RPCS})
+    #: when each call of ``latencies`` completed (``perf_counter`` seconds), same order
+    finished: dict[str, list[float]] = field(
+        default_factory=lambda: {rpc: [] for rpc in RPCS})
     #: ``"RPC CODE_NAME"`` -> count; in-band codes, ``grpc:STATUS`` for transport errors,
     #: ``REWARD_MISMATCH`` for replies whose verified rewards differ from the claims
     errors: Counter = field(default_factory=Counter)
@@ -224,6 +227,7 @@ class LoadStats:
         if not self.start <= t1 <= self.end:
             return False
         self.latencies[rpc].append(t1 - t0)
+        self.finished[rpc].append(t1)
         if error is not None:
             self.errors[f"{rpc} {error}"] += 1
         return True

@@ -30,6 +30,13 @@ attacker shares the generator's process and both share the machine's cores with 
 coordinator, so a ratio above 2 may come from the generator as much as from the
 coordinator: the coordinator CPU column tells which.
 
+Each ratio comes with a 95 % block-bootstrap interval (:func:`p99_ratio_ci`): the calls
+of a run are cut into 1-second blocks of completion time (calls in the same second share
+the machine's stalls, so they are not independent draws), the blocks of the attack run
+and of both attack-free runs are resampled with replacement, and the ratio of the
+resampled p99s is taken 2,000 times. A run is within the bound with some evidence when
+the interval's upper end is below 2.
+
 The last line is ``worst_p99_ratio=<x> kind=<k> rpc=<r>``.
 
 Usage: ``python bench/coordinator_under_attack.py [--kinds all] [--seconds 15]``
@@ -40,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import sys
 import tempfile
 import time
@@ -72,6 +80,8 @@ from ftis.v1 import swarm_pb2, swarm_pb2_grpc  # noqa: E402
 KINDS = ("garbage", "oversized", "bad_signature", "heartbeat_flood", "pull_flood",
          "register_burst", "bundle_spam")
 RPCS = ("LeaseTasks", "SubmitBundle", "PullBundles")
+#: seconds of completion time per bootstrap block (:func:`p99_ratio_ci`)
+BLOCK_S = 1.0
 
 
 def settings() -> dict:
@@ -183,6 +193,41 @@ def _attacker_process(kind: str, target: str, inflight: int, ready: Any, stop: A
     out.put((sent_at, dict(attacker.codes.most_common(3))))
 
 
+def _blocks(finished: list[float], latencies: list[float], block_s: float) -> list[list[float]]:
+    """Latencies grouped by the ``block_s``-second block in which their call finished."""
+    if not finished:
+        return []
+    start = min(finished)
+    blocks: dict[int, list[float]] = {}
+    for t, lat in zip(finished, latencies, strict=True):
+        blocks.setdefault(int((t - start) // block_s), []).append(lat)
+    return [blocks[k] for k in sorted(blocks)]
+
+
+def p99_ratio_ci(attack: list[list[float]], reference: list[list[float]],
+                 rounds: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile block-bootstrap interval of ``p99(attack) / p99(reference)``.
+
+    Args:
+        attack, reference: latencies (any unit, the same for both) in blocks; the blocks
+            of each side are resampled with replacement, keeping each block whole.
+        rounds: bootstrap resamples.
+
+    Returns:
+        ``(low, high)``; ``(nan, nan)`` when a side has no blocks.
+    """
+    if not attack or not reference:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(rounds):
+        a = [x for b in rng.choices(attack, k=len(attack)) for x in b]
+        r = [x for b in rng.choices(reference, k=len(reference)) for x in b]
+        ratios.append(percentile_ms(a, 99) / max(percentile_ms(r, 99), 1e-12))
+    ratios.sort()
+    return ratios[int(0.025 * rounds)], ratios[min(int(0.975 * rounds), rounds - 1)]
+
+
 def run(kind: str | None, material: Material, args: argparse.Namespace,
         workdir: Path) -> dict:
     """One fresh coordinator, the honest volunteers, and the attacker ``kind`` (``None``:
@@ -235,6 +280,7 @@ def run(kind: str | None, material: Material, args: argparse.Namespace,
             "kind": kind or "none", "wall": wall, "verified": stats.verified,
             "p50": {r: percentile_ms(stats.latencies.get(r, []), 50) for r in RPCS},
             "p99": {r: percentile_ms(stats.latencies.get(r, []), 99) for r in RPCS},
+            "blocks": {r: _blocks(stats.finished[r], stats.latencies[r], BLOCK_S) for r in RPCS},
             "errors": dict(stats.errors),
             "coord_cpu": 100 * (end.cpu_s - start.cpu_s) / max(end.t - start.t, 1e-9),
             "attack_rate": attack_rate,
@@ -279,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {kind} done", file=sys.stderr, flush=True)
     results.append(run(None, material, args, workdir))
     ref = {r: (results[0]["p99"][r] + results[-1]["p99"][r]) / 2 for r in RPCS}
+    ref_blocks = {r: results[0]["blocks"][r] + results[-1]["blocks"][r] for r in RPCS}
     worst = (0.0, "", "")
     for res in results[1:-1]:
         _print(res, ref)
@@ -289,6 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     _print(results[-1], None)
     print("reference p99 (mean of the attack-free runs): "
           + ", ".join(f"{r} {ref[r]:.1f} ms" for r in RPCS))
+    print(f"95 % block-bootstrap intervals ({BLOCK_S:g} s blocks) of p99(attack) / "
+          "p99(both attack-free runs):")
+    for res in results[1:-1]:
+        cis = [p99_ratio_ci(res["blocks"][r], ref_blocks[r]) for r in RPCS]
+        print(f"{res['kind']:>16} " + "  ".join(
+            f"{r} [{lo:.2f}, {hi:.2f}]" for r, (lo, hi) in zip(RPCS, cis, strict=True)),
+            flush=True)
     print(f"worst_p99_ratio={worst[0]:.2f} kind={worst[1]} rpc={worst[2]}")
     return 0
 

@@ -17,11 +17,13 @@ from ftis.lab.experiment.matrix import (
     ExperimentConfig,
     analysis,
     cells,
+    collect_finished,
     client_args,
     coordinator_config,
     merge_args,
     run_cell,
     run_experiment,
+    write_results,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -367,6 +369,27 @@ def test_run_experiment_end_to_end_with_fake_swarms(tmp_path, fake_launch):
     assert len(rows) == 3 * (3 * 2 + 2 * 2 * PARTNER_ROUND_FACTOR)
     run_experiment(cfg, tmp_path)  # resumed: every cell reused
     assert len(fake_launch) == 9
+
+
+def test_collect_finished_reads_only_done_cells_without_running(tmp_path, fake_launch):
+    """Cells with DONE are collected (the same rows a full run writes); a cell without
+    DONE (a run in progress) is neither read nor started."""
+    cfg = arms_config(seeds=[0, 1], arms=[
+        {"name": "alone_batch_matched", "method": "on_policy", "local": 4, "partners": False},
+        {"name": "tis", "method": "tis", "local": 2, "external": 2}])
+    run_experiment(cfg, tmp_path)
+    full = (tmp_path / "results.jsonl").read_text().splitlines()
+    launched = len(fake_launch)
+    unfinished = next(c["name"] for c in cells(cfg) if c["seed"] == 1 and c["method"] == "tis")
+    (tmp_path / "cells" / unfinished / "DONE").unlink()
+    rows, evals, done = collect_finished(cfg, tmp_path)
+    assert done == 3 and len(fake_launch) == launched
+    assert all(r["cell"] != unfinished for r in rows + evals)
+    assert [json.dumps(r) for r in rows] == [x for x in full if unfinished not in x]
+    write_results(cfg, rows, evals, tmp_path / "partial")
+    assert (tmp_path / "partial" / "results.jsonl").read_text().splitlines() == \
+        [json.dumps(r) for r in rows]
+    assert json.loads((tmp_path / "partial" / "config.json").read_text())["seeds"] == [0, 1]
 
 
 # ------------------------------------------------------------------- arms analysis

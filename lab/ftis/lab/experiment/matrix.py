@@ -577,6 +577,38 @@ def read_evals(out: Path, cell: dict) -> list[dict]:
     return rows
 
 
+def collect_finished(cfg: ExperimentConfig, out: Path) -> tuple[list[dict], list[dict], int]:
+    """The result rows and held-out evaluations of the cells of ``cfg`` already finished
+    under ``out`` (a ``DONE`` marker), without running or touching any cell: a run still
+    in progress keeps going, and its finished cells can be committed before it ends.
+
+    Returns:
+        ``(rows, evals, cells finished)``, in the matrix's cell order.
+    """
+    rows: list[dict] = []
+    evals: list[dict] = []
+    done = 0
+    for cell in cells(cfg):
+        cdir = out / "cells" / cell["name"]
+        if not (cdir / "DONE").exists():
+            continue
+        done += 1
+        for _, role in cell["roles"]:
+            rows += [_row(cell, role, rec) for rec in read_metrics(cdir / role.name / "metrics.jsonl")]
+        evals += read_evals(out, cell)
+    return rows, evals, done
+
+
+def write_results(cfg: ExperimentConfig, rows: list[dict], evals: list[dict], out: Path) -> None:
+    """``out/config.json``, ``out/results.jsonl`` and ``out/evals.jsonl``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    with open(out / "results.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    with open(out / "evals.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in evals)
+
+
 def run_experiment(cfg: ExperimentConfig, out: Path) -> Path:
     """Run every cell with a progress bar, then write the summary; returns summary.md."""
     from rich.progress import (
@@ -605,10 +637,7 @@ def run_experiment(cfg: ExperimentConfig, out: Path) -> Path:
             rows += run_cell(cfg, cell, out, on_progress)
             evals += read_evals(out, cell)
             progress.update(total, completed=(i + 1) * cfg.rounds)
-    with open(out / "results.jsonl", "w") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in rows)
-    with open(out / "evals.jsonl", "w") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in evals)
+    write_results(cfg, rows, evals, out)
     return write_summary(cfg, rows, evals, out)
 
 
