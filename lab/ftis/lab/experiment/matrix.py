@@ -594,7 +594,8 @@ def collect_finished(cfg: ExperimentConfig, out: Path) -> tuple[list[dict], list
             continue
         done += 1
         for _, role in cell["roles"]:
-            rows += [_row(cell, role, rec) for rec in read_metrics(cdir / role.name / "metrics.jsonl")]
+            metrics = read_metrics(cdir / role.name / "metrics.jsonl")
+            rows += [_row(cell, role, rec) for rec in metrics]
         evals += read_evals(out, cell)
     return rows, evals, done
 
