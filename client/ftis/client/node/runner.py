@@ -19,6 +19,7 @@ from ftis.client.learner.checkpoint import load_checkpoint, save_checkpoint
 from ftis.client.learner.trainer import Learner, SenderStats
 from ftis.client.models.loader import Policy
 from ftis.client.node.config import ClientConfig
+from ftis.client.node.heap import trim_heap
 from ftis.client.rollout.groups import RolloutGroup
 from ftis.client.rollout.sampler import SampledCompletion, sample_groups
 from ftis.client.swarm.connection import SwarmConnection
@@ -356,6 +357,7 @@ class VolunteerNode:
             fh.write(json.dumps(record) + "\n")
         if self.round % cfg.checkpoint_every == 0 or last:
             self.checkpoint()
+        trim_heap()  # the round's freed tensors back to the system (node/heap.py)
         return RoundResult(self.round, stats)
 
     def evaluate(self) -> dict[str, float]:
