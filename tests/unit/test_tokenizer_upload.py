@@ -362,3 +362,35 @@ def test_coordinator_loads_tokenizers_without_torch() -> None:
     subprocess.run(
         [sys.executable, "-c", code], input=tokenizer_json(), text=True, check=True, timeout=60
     )
+
+
+def test_a_missing_tokenizer_costs_one_database_read_per_second(tmp_path) -> None:
+    """A fingerprint with no stored tokenizer is looked up once, then remembered as
+    missing for MISSING_TTL_S seconds (no read); an upload to this process ends that at
+    once; a row another process stored is seen once the memory runs out."""
+    from ftis.coordinator.state.sql import SqlState
+    from ftis.coordinator.tokenizer_store import MISSING_TTL_S, TokenizerCache
+
+    state = SqlState(f"sqlite:///{tmp_path / 'c.db'}")
+    reads: list[str] = []
+    real_get, real_has = state.get_tokenizer, state.has_tokenizer
+    state.get_tokenizer = lambda fp: reads.append("get") or real_get(fp)  # type: ignore[method-assign]
+    state.has_tokenizer = lambda fp: reads.append("has") or real_has(fp)  # type: ignore[method-assign]
+    now = [100.0]
+    cache = TokenizerCache(state, clock=lambda: now[0])
+    fp = tokenizer_fp()
+    assert cache.get(fp) is None and not cache.known(fp) and cache.get(fp) is None
+    assert reads == ["get"]
+    # stored by another worker process: not seen until the memory runs out
+    state.store_tokenizer(fp, tokenizer_gz(), VOCAB, uploaded_by="elsewhere", now_ms=0)
+    now[0] += MISSING_TTL_S * 0.9
+    assert cache.get(fp) is None and reads == ["get"]
+    now[0] += MISSING_TTL_S * 0.2
+    assert cache.known(fp) and reads == ["get", "has"]
+    assert cache.get(fp) is not None and reads == ["get", "has", "get"]
+    # an upload to this process (put) ends a remembered miss at once
+    other = tokenizer_fp("other corpus")
+    assert cache.get(other) is None
+    cache.put(other, load_tokenizer())
+    assert cache.known(other) and cache.get(other) is not None
+    state.close()

@@ -45,9 +45,10 @@ import gzip
 import io
 import logging
 import threading
+import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -95,6 +96,10 @@ def load_tokenizer(json_text: str) -> Tokenizer:
 
 #: Fingerprints whose id bound :class:`TokenizerCache` remembers (each entry ~200 bytes).
 MAX_REMEMBERED_BOUNDS = 65_536
+#: Seconds a process remembers that no tokenizer is stored for a fingerprint (a node
+#: that never uploads one would otherwise cost a database read per submission); an
+#: upload to this process ends it at once, one to another worker process within this.
+MISSING_TTL_S = 1.0
 #: Padding a model card's ``vocab_size`` may have beyond its tokenizer: embedding
 #: matrices are often rounded up to a multiple of 64-1024 rows (Qwen2.5: 151,936 rows
 #: for 151,665 tokens, +271; DeepSeek-V3: +465; Phi-3: +53), while the embedded models
@@ -223,24 +228,51 @@ def check_upload(
 class TokenizerCache:
     """LRU of loaded tokenizers by fingerprint, backed by the ``tokenizers`` table.
 
+    Fingerprints found missing in the table are remembered for :data:`MISSING_TTL_S`
+    seconds, so a node without an uploaded tokenizer (allowed while
+    ``require_tokenizer`` is off) costs one database read per second, not one per
+    submission.
+
     Args:
         state: where uploaded tokenizers are stored.
         capacity: tokenizers kept loaded.
         max_json_bytes: bound when decompressing a stored tokenizer.
+        clock: seconds (monotonic), for the missing-fingerprint memory.
     """
 
-    def __init__(self, state: State, capacity: int = 8, max_json_bytes: int = 64 << 20) -> None:
+    def __init__(self, state: State, capacity: int = 8, max_json_bytes: int = 64 << 20,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.state = state
         self.capacity = max(1, capacity)
         self.max_json_bytes = max_json_bytes
+        self.clock = clock
         self._loaded: OrderedDict[str, Tokenizer] = OrderedDict()
         self._bounds: dict[str, int] = {}
+        self._missing: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    def _known_missing(self, fingerprint: str) -> bool:
+        """Whether ``fingerprint`` was found missing less than MISSING_TTL_S ago."""
+        with self._lock:
+            until = self._missing.get(fingerprint)
+            if until is None:
+                return False
+            if self.clock() < until:
+                return True
+            del self._missing[fingerprint]
+            return False
+
+    def _remember_missing(self, fingerprint: str) -> None:
+        with self._lock:
+            if len(self._missing) >= MAX_REMEMBERED_BOUNDS:
+                self._missing.clear()
+            self._missing[fingerprint] = self.clock() + MISSING_TTL_S
 
     def put(self, fingerprint: str, tokenizer: Tokenizer) -> None:
         """Hold ``tokenizer`` under ``fingerprint``: only a tokenizer that
         :func:`check_upload` accepted for exactly this fingerprint."""
         with self._lock:
+            self._missing.pop(fingerprint, None)
             self._loaded[fingerprint] = tokenizer
             self._loaded.move_to_end(fingerprint)
             while len(self._loaded) > self.capacity:
@@ -259,8 +291,11 @@ class TokenizerCache:
             if tokenizer is not None:
                 self._loaded.move_to_end(fingerprint)
                 return tokenizer
+        if self._known_missing(fingerprint):
+            return None
         gz = self.state.get_tokenizer(fingerprint)
         if gz is None:
+            self._remember_missing(fingerprint)
             return None
         text = gunzip_bounded(gz, self.max_json_bytes).decode("utf-8")
         try:
@@ -299,7 +334,12 @@ class TokenizerCache:
         with self._lock:
             if fingerprint in self._loaded:
                 return True
-        return self.state.has_tokenizer(fingerprint)
+        if self._known_missing(fingerprint):
+            return False
+        if self.state.has_tokenizer(fingerprint):
+            return True
+        self._remember_missing(fingerprint)
+        return False
 
     def __len__(self) -> int:
         return len(self._loaded)
