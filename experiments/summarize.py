@@ -19,6 +19,12 @@ In the document (``--doc``) every table between ``<!-- table:ID/KIND -->`` and
 sign-flip test, 95 % bootstrap interval, raw and Holm-adjusted p) or ``power`` (paired
 seeds needed for the config's target). Without results the table says "not yet run".
 The power line of each experiment is printed as well.
+
+A MERIT experiment (``ftis-lab merit experiment``; its ``config.json`` says
+``"experiment": "merit"``) has the kinds ``families`` (held-out pass@1 per arm ×
+family), ``samples`` (what each arm trained on), ``contrasts`` and ``power``
+(:mod:`ftis.lab.merit.report`); its tables are in docs/merit.md, which is rewritten
+together with docs/results.md unless ``--doc`` names documents.
 """
 
 from __future__ import annotations
@@ -32,16 +38,24 @@ from pathlib import Path
 
 from ftis.lab.experiment import report
 from ftis.lab.experiment.matrix import ExperimentConfig, analysis
+from ftis.lab.merit.experiment import MeritExperimentConfig
+from ftis.lab.merit.report import SAMPLES_COLUMNS
+from ftis.lab.merit.report import tables as merit_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 DOC = ROOT / "docs" / "results.md"
+DOCS = (DOC, ROOT / "docs" / "merit.md")
 KINDS = ("arms", "contrasts", "power")
+MERIT_KINDS = ("families", "samples", "contrasts", "power")
 MARKER = re.compile(r"(<!-- table:(?P<id>[A-Za-z0-9_.-]+)/(?P<kind>\w+) -->\n)(?P<body>.*?)"
                     r"(?P<end><!-- /table -->)", re.DOTALL)
 _PLACEHOLDER_COLUMNS = {"arms": (report.ARMS_COLUMNS, 5),
                         "contrasts": (report.CONTRAST_COLUMNS, 3),
-                        "power": (report.POWER_COLUMNS, 3)}
+                        "power": (report.POWER_COLUMNS, 3),
+                        "families": (["arm", "seeds", "{metric} per family",
+                                      "mean over families"], 1),
+                        "samples": (SAMPLES_COLUMNS, 1)}
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -61,6 +75,11 @@ def collect(run: Path, results: Path = RESULTS) -> Path:
     return dest
 
 
+def _is_merit(folder: Path) -> bool:
+    path = folder / "config.json"
+    return path.exists() and json.loads(path.read_text()).get("experiment") == "merit"
+
+
 def load(results: Path, exp_id: str) -> tuple[ExperimentConfig, list[dict], list[dict]] | None:
     """An experiment's config, result rows and evaluations, or ``None`` if not run."""
     folder = results / exp_id
@@ -75,6 +94,13 @@ def load(results: Path, exp_id: str) -> tuple[ExperimentConfig, list[dict], list
 
 def tables(results: Path, exp_id: str) -> dict[str, str] | None:
     """``{kind: markdown}`` of one experiment (``None`` if it has no results)."""
+    if _is_merit(results / exp_id):
+        folder = results / exp_id
+        rows = _jsonl(folder / "results.jsonl")
+        if not rows:
+            return None
+        cfg = MeritExperimentConfig.model_validate_json((folder / "config.json").read_text())
+        return merit_tables(cfg, rows)
     loaded = load(results, exp_id)
     if loaded is None:
         return None
@@ -92,8 +118,9 @@ def regenerate(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
 
     def repl(m: re.Match) -> str:
         exp_id, kind = m["id"], m["kind"]
-        if kind not in KINDS:
-            raise ValueError(f"unknown table kind {kind!r} (expected one of {KINDS})")
+        if kind not in KINDS + MERIT_KINDS:
+            raise ValueError(f"unknown table kind {kind!r} (expected one of "
+                             f"{KINDS + MERIT_KINDS})")
         if exp_id not in cache:
             cache[exp_id] = tables(results, exp_id)
             if cache[exp_id] is not None:
@@ -102,6 +129,8 @@ def regenerate(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
         if got is None:
             columns, right = _PLACEHOLDER_COLUMNS[kind]
             body = report.placeholder(columns, "held-out pass@1", right)
+        elif kind not in got:
+            raise ValueError(f"{exp_id} has no {kind!r} table")
         else:
             body = got[kind]
         return f"{m.group(1)}{body}\n{m['end']}"
@@ -112,7 +141,9 @@ def regenerate(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=RESULTS, help="raw results folder")
-    ap.add_argument("--doc", type=Path, default=DOC, help="document with table markers")
+    ap.add_argument("--doc", type=Path, action="append", default=None,
+                    help="document with table markers (repeat; default: docs/results.md "
+                         "and docs/merit.md)")
     ap.add_argument("--collect", type=Path, nargs="*", default=[], metavar="RUN",
                     help="copy these runs' raw results into --results first")
     ap.add_argument("--check", action="store_true",
@@ -120,18 +151,23 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for run in args.collect:
         print(f"collected {run} -> {collect(run, args.results)}")
-    old = args.doc.read_text()
-    new, power = regenerate(old, args.results)
-    for line in power:
-        print(line)
-    if args.check:
+    stale = False
+    for doc in args.doc or DOCS:
+        old = doc.read_text()
+        new, power = regenerate(old, args.results)
+        for line in power:
+            print(line)
+        if args.check:
+            if new != old:
+                print(f"{doc}: tables are stale; run experiments/summarize.py",
+                      file=sys.stderr)
+                stale = True
+            continue
         if new != old:
-            print(f"{args.doc}: tables are stale; run experiments/summarize.py", file=sys.stderr)
-            return 1
-        return 0
-    if new != old:
-        args.doc.write_text(new)
-        print(f"rewrote the tables of {args.doc}")
+            doc.write_text(new)
+            print(f"rewrote the tables of {doc}")
+    if stale:
+        return 1
     return 0
 
 

@@ -490,3 +490,41 @@ def test_leases_carry_their_branch_and_answered_ones_count_per_branch(state: Sql
     got = state.lease_block(a, 2, T0, 10, lambda start: [
         dataclasses.replace(lease(a, n), branch="b1") for n in range(start + 100, start + 102)])
     assert [state.get_lease_by_task(x.task_id).branch for x in got] == ["b1", "b1"]
+
+
+def test_pull_bundles_of_a_branch_are_its_leases_only(state: SqlState) -> None:
+    """MERIT branches train without communication: a branch's relay page holds only the
+    bundles whose lease was issued under that branch (the lease's branch, not the
+    sender's current one); without a branch, every bundle as before."""
+    a, b = add_node(state, "alice").node_id, add_node(state, "bob").node_id
+    reader = add_node(state, "reader").node_id
+    state.define_branches([_b("b0", "chain_sum"), _b("b1", "products")], T0)
+    in_b0 = dataclasses.replace(lease(a, 1), branch="b0")
+    in_b1 = dataclasses.replace(lease(b, 2, dataset="products"), branch="b1")
+    whole = lease(b, 3)                                  # issued from the whole mix
+    later_b0 = dataclasses.replace(lease(b, 4), branch="b0")
+    state.insert_leases([in_b0, in_b1, whole, later_b0])
+    for x in (in_b0, in_b1, whole, later_b0):           # sequences 1, 2, 3, 4
+        state.store_bundle(new_bundle(x), T0 + 1)
+    state.assign_branches({b: "b1"})  # bob moves: his b0 bundle stays b0's
+
+    def seqs(branch: str | None, **kw) -> tuple[list[int], int]:
+        page, cursor = state.pull_bundles(requester_id=reader, cursor=kw.pop("cursor", 0),
+                                          limit=kw.pop("limit", 10), max_bytes=10**6,
+                                          branch=branch, **kw)
+        return [r.sequence for r in page], cursor
+
+    assert seqs("b0") == ([1, 4], 4)
+    assert seqs("b1") == ([2], 4)
+    assert seqs("b9") == ([], 4)            # a branch with no bundles: an empty page
+    assert seqs(None) == ([1, 2, 3, 4], 4)  # unassigned: everything
+    # paging within a branch: a full page stops at its last bundle
+    assert seqs("b0", limit=1) == ([1], 1)
+    assert seqs("b0", cursor=1) == ([4], 4)
+    # combined with the other filters
+    assert seqs("b0", fingerprint=FP_B) == ([], 4)
+    assert seqs("b0", fingerprint=FP_A, skip_zero_variance=True) == ([1, 4], 4)
+    # the requester's own bundles stay out within its branch too
+    page, _ = state.pull_bundles(requester_id=a, cursor=0, limit=10, max_bytes=10**6,
+                                 branch="b0")
+    assert [r.sequence for r in page] == [4]

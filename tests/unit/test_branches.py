@@ -113,6 +113,33 @@ def test_a_branch_lease_is_verified_from_its_stored_entry(coord) -> None:
     assert overview.unassigned_nodes == 0
 
 
+def test_the_relay_serves_a_branch_node_only_its_branch_bundles(coord) -> None:
+    """PullBundles through the handler: nodes of b0 and b1 see only bundles of leases
+    issued under their own branch; an unassigned node sees every branch's and the
+    whole mix's bundles (it trains on the whole mix)."""
+    admin.define_branches(coord.ctx, [_b("b0", "chain_sum"), _b("b1", "products", "gcd")])
+    a0, b0, a1, free = (register(coord) for _ in range(4))
+    admin.assign_branch(coord.ctx, [a0.node_id, b0.node_id], "b0")
+    admin.assign_branch(coord.ctx, [a1.node_id], "b1")
+    sent: dict[str, str] = {}
+    for who in (a0, b0, a1, free):
+        (lease,) = coord.lease_tasks(who.node_id, 1, 2, 16)
+        record = coord.submit_bundle(seal_bundle(build_bundle(lease, who), who))
+        sent[record.bundle_id] = lease.branch or "-"
+
+    def relayed(who) -> list[str]:
+        page, _ = coord.pull_bundles(who.node_id, 0, 64)
+        return sorted(sent[b.bundle_id] for b in page)
+
+    assert relayed(a0) == ["b0"]                 # b0's other node, not itself
+    assert relayed(b0) == ["b0"]
+    assert relayed(a1) == []                     # b1 holds only a1's own bundle
+    assert relayed(free) == ["b0", "b0", "b1"]   # everything but its own
+    # unassigned again, a1 learns from the whole mix and is relayed everything
+    admin.assign_branch(coord.ctx, [a1.node_id], None)
+    assert relayed(a1) == ["-", "b0", "b0"]
+
+
 def test_unassigning_and_redefining_take_effect_at_once(coord) -> None:
     admin.define_branches(coord.ctx, [_b("b0", "gcd")])
     node = register(coord)

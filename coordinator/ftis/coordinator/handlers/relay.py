@@ -34,6 +34,11 @@ def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
     """A relay page for ``node`` (never its own bundles, nor banned or quarantined
     senders'), see :meth:`State.pull_bundles`.
 
+    A node assigned to a MERIT branch (``node.branch``) is relayed only bundles whose
+    lease was issued under the same branch: branches train without communication. An
+    unassigned node trains on the whole mix and is relayed every bundle, as before
+    branches existed.
+
     ``max_bundles`` is clamped to [1, 64]; a page also stops before exceeding
     :data:`PULL_PAGE_BYTES` of envelopes (it always holds at least one bundle).
 
@@ -50,6 +55,7 @@ def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
         max_bytes=PULL_PAGE_BYTES,
         fingerprint=tokenizer_fingerprint,
         skip_zero_variance=skip_zero_variance,
+        branch=node.branch,
     )
     now = ctx.clock()
     half_life = ctx.policy.half_life_s

@@ -271,7 +271,7 @@ def add_swarm_service(servicer: SwarmService, server: grpc.Server, limits: dict[
     which :func:`_refusing` checks against the connection's refusal ``budget`` and the
     method's size limit (``limits``, bytes) before decoding. Same wire contract as the
     generated ``add_SwarmServicer_to_server``."""
-    handlers = {}
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method, (request_cls, response_cls) in _METHODS.items():
         handlers[method] = grpc.unary_unary_rpc_method_handler(
             _refusing(getattr(servicer, method), request_cls, response_cls, method,

@@ -496,11 +496,16 @@ class State(abc.ABC):
         max_bytes: int,
         fingerprint: str = "",
         skip_zero_variance: bool = False,
+        branch: str | None = None,
     ) -> tuple[list[BundleRecord], int]:
         """Relay page: bundles with ``sequence > cursor`` in sequence order, excluding the
         requester's own, banned senders', other fingerprints (when ``fingerprint``) and
         zero-variance groups (when ``skip_zero_variance``). At most ``limit`` bundles
         and, beyond the first, at most ``max_bytes`` of envelopes.
+
+        With ``branch`` (a MERIT branch name), only bundles whose lease was issued under
+        that branch (``LeaseRecord.branch``); ``None``: every bundle, whatever branch or
+        none its lease was issued under.
 
         Returns:
             ``(bundles, next_cursor)``: ``next_cursor`` is the last returned sequence if

@@ -458,15 +458,16 @@ class _Hot:
                .values(value=counters.c.value + bindparam("b_n")).returning(counters.c.value))
     insert_leases = insert(leases)
     max_sequence = select(func.max(bundles.c.sequence))
-    #: filled below: the four relay page statements (:meth:`_relay_page`)
-    relay_pages: ClassVar[dict[tuple[bool, bool], Any]] = {}
+    #: filled below: the eight relay page statements (:meth:`_relay_page`)
+    relay_pages: ClassVar[dict[tuple[bool, bool, bool], Any]] = {}
 
     @staticmethod
-    def _relay_page(fingerprint: bool, skip_zero_variance: bool) -> Any:
+    def _relay_page(fingerprint: bool, skip_zero_variance: bool, branch: bool) -> Any:
         """A relay page (:meth:`SqlState.pull_bundles`) in one statement: the bundles
         after ``cursor`` in sequence order with their lease's dataset and question and
         the sender's standing, each row carrying the largest sequence of the same
-        snapshot (the next cursor of a page that is not full)."""
+        snapshot (the next cursor of a page that is not full). With ``branch``, only
+        bundles whose lease was issued under the bound ``branch`` (MERIT, issue 16)."""
         b, lz, rp, nd = _Hot.bundles, _Hot.leases, _Hot.reps, _Hot.nodes
         query = (
             select(*b.c, lz.c.dataset, lz.c.entry_json, rp.c.good, rp.c.bad,
@@ -488,6 +489,8 @@ class _Hot:
             query = query.where(b.c.fingerprint == bindparam("fingerprint"))
         if skip_zero_variance:
             query = query.where(b.c.zero_variance.is_(False))
+        if branch:
+            query = query.where(lz.c.branch == bindparam("branch"))
         return query
 
     #: The optimistic accept (:meth:`SqlState._commit_expected`), SQLite form: each
@@ -567,9 +570,11 @@ SELECT n.*, r.bundles_rejected AS rep_rejected, l.dataset AS dataset,
   b.sequence AS sequence FROM n, r, l, b""")
 
 
-#: The four relay page statements, by ``(fingerprint given, skip_zero_variance)``.
-_Hot.relay_pages.update({(f, z): _Hot._relay_page(f, z)
-                         for f in (False, True) for z in (False, True)})
+#: The eight relay page statements, by ``(fingerprint given, skip_zero_variance, branch
+#: given)``.
+_Hot.relay_pages.update({(f, z, br): _Hot._relay_page(f, z, br)
+                         for f in (False, True) for z in (False, True)
+                         for br in (False, True)})
 
 
 class SqlState(State):
@@ -1485,10 +1490,12 @@ class SqlState(State):
         max_bytes: int,
         fingerprint: str = "",
         skip_zero_variance: bool = False,
+        branch: str | None = None,
     ) -> tuple[list[BundleRecord], int]:
-        query = _Hot.relay_pages[(bool(fingerprint), bool(skip_zero_variance))]
+        query = _Hot.relay_pages[(bool(fingerprint), bool(skip_zero_variance),
+                                  branch is not None)]
         params = {"cursor": int(cursor), "requester": requester_id, "limit": int(limit),
-                  "fingerprint": fingerprint}
+                  "fingerprint": fingerprint, "branch": branch}
         page: list[BundleRecord] = []
         used = 0
         full = False

@@ -78,3 +78,37 @@ def merge_command(
         raise typer.Exit(ExitCode.USAGE) from None
     typer.echo(f"merged {len(branches)} branches with weights "
                f"{', '.join(f'{w:.3f}' for w in record['weights'])} into {out}")
+
+
+@app.command("experiment")
+def experiment_command(
+    config: Annotated[Path, typer.Option(help="the experiment (JSON, e.g. "
+                                              "experiments/merit_fourway.json)")],
+    out: Annotated[Path, typer.Option(help="its folder; finished cells there are kept")],
+) -> None:
+    """Joint training vs the conflict-aware and random splits merged by tokens vs each
+    branch alone, at equal total samples, each arm a real local swarm; held-out pass@1
+    per family in OUT/results.jsonl (resumable)."""
+    from pydantic import ValidationError
+
+    from ftis.lab.experiment.matrix import CellMismatchError
+    from ftis.lab.merit.experiment import MeritExperimentConfig, run_merit
+    from ftis.lab.merit.report import tables
+    from ftis.lab.merit.run import MeritError
+
+    try:
+        cfg = MeritExperimentConfig.load(config)
+    except (ValidationError, OSError) as exc:
+        typer.echo(f"merit experiment: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    try:
+        path = run_merit(cfg, out, on_cell=lambda c: typer.echo(f"cell {c.name}"))
+    except (MeritError, ValueError, CellMismatchError) as exc:
+        typer.echo(f"merit experiment: {exc}", err=True)
+        raise typer.Exit(ExitCode.USAGE) from None
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    got = tables(cfg, rows)
+    summary = out / "summary.md"
+    summary.write_text("\n\n".join([f"# {cfg.name}", got["families"], got["samples"],
+                                    got["contrasts"], got["power"]]) + "\n")
+    typer.echo(f"results: {path}\nsummary: {summary}")

@@ -37,7 +37,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -337,8 +337,28 @@ def merge_args(base: list[str], override: list[str]) -> list[str]:
     return kept + list(override)
 
 
-def _base_args(cfg: ExperimentConfig, role: ClientRole, *, method: str, local: int,
-               external: int, rounds: int, seed: int, checkpoint_every: int) -> list[str]:
+class SwarmSettings(Protocol):
+    """What the swarm launcher reads of a config (:class:`ExperimentConfig`, or another
+    runner's config such as MERIT's): the clients' sampling and the cells' limits."""
+
+    @property
+    def group_size(self) -> int: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def threads_per_client(self) -> int: ...
+    @property
+    def cell_timeout_min(self) -> float: ...
+
+
+def base_client_args(cfg: SwarmSettings, role: ClientRole, *, method: str, local: int,
+                     external: int, rounds: int, seed: int,
+                     checkpoint_every: int) -> list[str]:
+    """``ftis-client start`` flags of ``role`` running ``method`` with ``local`` groups
+    (I) and ``external`` groups (J) per round for ``rounds`` rounds (without
+    ``role.extra_args``: :func:`merge_args` them on top)."""
     args = ["--model", role.model, "--peft", role.peft, "--rounds", str(rounds),
             "--local-groups", str(local), "--external-groups", str(external),
             "--group-size", str(cfg.group_size), "--max-new-tokens", str(cfg.max_new_tokens),
@@ -361,7 +381,7 @@ def client_args(cfg: ExperimentConfig, cell: dict, role: ClientRole, k: int,
     arm: Arm = cell["arm"]
     seed = 1000 * cell["seed"] + k
     if role.role == "learner":
-        args = _base_args(cfg, role, method=arm.method, local=arm.local,
+        args = base_client_args(cfg, role, method=arm.method, local=arm.local,
                           external=arm.external, rounds=cfg.rounds, seed=seed,
                           checkpoint_every=cfg.rounds)
         if cfg.eval_every:
@@ -371,7 +391,7 @@ def client_args(cfg: ExperimentConfig, cell: dict, role: ClientRole, k: int,
         # a partner runs until its cell's learners are done (run_cell stops it then), so
         # the learners see external groups in every round however fast the partner is
         pre = role.pretrain.rounds if role.pretrain else 0
-        args = _base_args(cfg, role, method="on_policy",
+        args = base_client_args(cfg, role, method="on_policy",
                           local=cfg.partner_local_groups(role), external=0,
                           rounds=pre + PARTNER_ROUND_FACTOR * cfg.rounds, seed=seed,
                           checkpoint_every=PARTNER_ROUND_FACTOR * cfg.rounds)
@@ -381,14 +401,23 @@ def client_args(cfg: ExperimentConfig, cell: dict, role: ClientRole, k: int,
 _client_args = client_args  # the older name
 
 
+def coordinator_settings(tasks: list[TaskSpec], seed: int,
+                         heldout_fraction: float = 0.0) -> dict:
+    """The coordinator's ``--config`` leasing ``tasks`` with ``task_seed`` ``seed``, and
+    never the ``heldout_fraction`` of operand keys (:mod:`ftis.tasks.split`) when > 0."""
+    out: dict[str, Any] = {"tasks": [t.model_dump() for t in tasks], "task_seed": seed}
+    if heldout_fraction > 0:
+        out["heldout_fraction"] = heldout_fraction
+    return out
+
+
 def coordinator_config(cfg: ExperimentConfig, seed: int,
                        tasks: list[TaskSpec] | None = None) -> dict:
-    """The coordinator's ``--config`` for a cell (or a pre-phase, with its ``tasks``)."""
-    out: dict[str, Any] = {"tasks": [t.model_dump() for t in (tasks or cfg.tasks)],
-                           "task_seed": seed}
-    if tasks is None and cfg.heldout_fraction > 0:
-        out["heldout_fraction"] = cfg.heldout_fraction
-    return out
+    """The coordinator's ``--config`` for a cell (or a pre-phase, with its ``tasks``:
+    no held-out part then)."""
+    if tasks is not None:
+        return coordinator_settings(tasks, seed)
+    return coordinator_settings(cfg.tasks, seed, cfg.heldout_fraction)
 
 
 #: a partner's round budget, in multiples of the cell's rounds; it is stopped as soon as
@@ -400,8 +429,10 @@ class CellMismatchError(RuntimeError):
     """A finished cell was run with other settings than the current config's."""
 
 
-def _spec(cdir: Path, coordinator: dict, clients: dict[str, list[str]],
-          extra: dict | None = None) -> dict:
+def cell_spec(cdir: Path, coordinator: dict, clients: dict[str, list[str]],
+              extra: dict | None = None) -> dict:
+    """A cell's settings as written to ``spec.json`` (the cell folder's path replaced by
+    ``{cell}``, so a moved run still matches)."""
     here = str(cdir)
     return json.loads(json.dumps({
         "coordinator": coordinator,
@@ -422,7 +453,7 @@ def _check_spec(cdir: Path, spec: dict, label: str) -> None:
             "use another --out, or delete the folder to run it again")
 
 
-def _done_or_fresh(cdir: Path, spec: dict, label: str) -> bool:
+def done_or_fresh(cdir: Path, spec: dict, label: str) -> bool:
     """True if ``cdir`` holds a finished run of ``spec`` (``CellMismatchError`` if it was
     run with other settings); otherwise empty ``cdir``, write ``spec.json``, False."""
     if (cdir / "DONE").exists():
@@ -434,7 +465,7 @@ def _done_or_fresh(cdir: Path, spec: dict, label: str) -> bool:
     return False
 
 
-def _run_swarm(cfg: ExperimentConfig, cdir: Path, label: str, coordinator: dict,
+def run_swarm(cfg: SwarmSettings, cdir: Path, label: str, coordinator: dict,
                specs: list[ClientSpec],
                on_progress: Callable[[int], None] | None = None,
                wait_for: set[str] | None = None) -> None:
@@ -473,14 +504,14 @@ def run_pretrain(cfg: ExperimentConfig, pairing: str, k: int, role: ClientRole, 
     pdir = out / "pretrain" / f"{pairing}__{role.name}__s{seed}"
     pre = role.pretrain
     coordinator = coordinator_config(cfg, seed, pre.tasks)
-    args = merge_args(_base_args(cfg, role, method="on_policy",
+    args = merge_args(base_client_args(cfg, role, method="on_policy",
                                  local=cfg.partner_local_groups(role), external=0,
                                  rounds=pre.rounds, seed=1000 * seed + k,
                                  checkpoint_every=pre.rounds), role.extra_args)
-    spec = _spec(pdir, coordinator, {role.name: args})
+    spec = cell_spec(pdir, coordinator, {role.name: args})
     label = f"pre-phase {pdir.name}"
-    if not _done_or_fresh(pdir, spec, label):
-        _run_swarm(cfg, pdir, label, coordinator, [ClientSpec(role.name, args)])
+    if not done_or_fresh(pdir, spec, label):
+        run_swarm(cfg, pdir, label, coordinator, [ClientSpec(role.name, args)])
         (pdir / "DONE").write_text("ok\n")
     return pdir / role.name / "checkpoints"
 
@@ -510,10 +541,10 @@ def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
     coordinator = coordinator_config(cfg, cell["seed"])
     pre = {role.name: role.pretrain.model_dump() for _, role in cell["roles"]
            if role.role == "partner" and role.pretrain}
-    spec = _spec(cdir, coordinator, args,
+    spec = cell_spec(cdir, coordinator, args,
                  {"eval": cfg.eval.model_dump() if cfg.eval_every else None, "pretrain": pre})
     label = f"cell {cell['name']}"
-    if not _done_or_fresh(cdir, spec, label):
+    if not done_or_fresh(cdir, spec, label):
         for k, role in cell["roles"]:
             if role.role == "partner" and role.pretrain:
                 ckpt = run_pretrain(cfg, cell["source"], k, role, cell["seed"], out)
@@ -522,7 +553,7 @@ def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
             eval_file.write_text(cfg.eval.model_dump_json())
         specs = [ClientSpec(name, a) for name, a in args.items()]
         learners = {role.name for _, role in cell["roles"] if role.role == "learner"}
-        _run_swarm(cfg, cdir, label, coordinator, specs, on_progress, wait_for=learners)
+        run_swarm(cfg, cdir, label, coordinator, specs, on_progress, wait_for=learners)
         for _, role in cell["roles"]:  # weights + AdamW state: ~1.6 GB per 135M model
             shutil.rmtree(cdir / role.name / "checkpoints", ignore_errors=True)
         (cdir / "DONE").write_text("ok\n")

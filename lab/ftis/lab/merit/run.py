@@ -17,7 +17,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from ftis.client.models.peft import PeftKind
 from ftis.lab.merit.merge import merge_deltas, token_weights
 from ftis.lab.merit.split import conflict_aware_split, conflict_matrix, random_split
 from ftis.tasks import TaskSpec
+
+if TYPE_CHECKING:
+    from ftis.client.models.loader import Policy
 
 
 class MeritError(ValueError):
@@ -92,9 +95,13 @@ class Branch:
     tokens: float
 
 
-def _merged_state(base_model: str, peft: PeftKind, out: Path) -> dict[str, torch.Tensor]:
-    """The full weights of branch folder ``out``: its newest checkpoint loaded into a
-    fresh policy (of the PEFT kind it was trained with), LoRA merged into the base."""
+def trained_policy(base_model: str, peft: PeftKind, out: Path) -> Policy:
+    """A fresh policy of ``base_model`` (of the PEFT kind the branch trained) with the
+    newest checkpoint of ``ftis-client --out`` folder ``out`` loaded into it.
+
+    Raises:
+        MeritError: ``out/checkpoints`` holds no checkpoint.
+    """
     from ftis.client.learner.checkpoint import load_checkpoint
     from ftis.client.learner.config import LearnerConfig
     from ftis.client.learner.trainer import Learner
@@ -104,7 +111,13 @@ def _merged_state(base_model: str, peft: PeftKind, out: Path) -> dict[str, torch
     learner = Learner(policy.model, LearnerConfig(), 0)
     if load_checkpoint(out / "checkpoints", policy.model, learner.optimizer) is None:
         raise MeritError(f"no checkpoint under {out / 'checkpoints'}")
-    model = policy.model
+    return policy
+
+
+def _merged_state(base_model: str, peft: PeftKind, out: Path) -> dict[str, torch.Tensor]:
+    """The full weights of branch folder ``out``: its newest checkpoint loaded into a
+    fresh policy (of the PEFT kind it was trained with), LoRA merged into the base."""
+    model = trained_policy(base_model, peft, out).model
     if peft != "none":
         model = model.merge_and_unload()  # type: ignore[operator]
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
