@@ -26,7 +26,7 @@ def _commands(app: typer.Typer) -> set[str]:
 def test_volunteer_cli_has_exactly_the_volunteer_commands():
     from ftis.client.cli.main import VOLUNTEER_COMMANDS, app
 
-    assert VOLUNTEER_COMMANDS == ("start", "models", "settings", "status")
+    assert VOLUNTEER_COMMANDS == ("start", "models", "settings", "status", "service")
     assert _commands(app) == set(VOLUNTEER_COMMANDS)
     result = CliRunner().invoke(app, ["demo"])
     assert result.exit_code == 2 and "No such command 'demo'" in result.output

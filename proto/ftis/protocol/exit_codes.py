@@ -49,6 +49,7 @@ class ExitCode:
     CLIENT_MEMORY_BUDGET = 53
     CLIENT_SWARM_FAILED = 54
     CLIENT_FALSE_POSITIVE = 55
+    CLIENT_SERVICE = 56
 
     # ftis-admin (80-99)
     ADMIN_UNREACHABLE = 80
@@ -133,6 +134,12 @@ EXIT_CODE_HELP: dict[int, str] = {
     ExitCode.CLIENT_FALSE_POSITIVE: (
         "`ftis-lab security-experiment`: an honest node was quarantined or banned; "
         "`OUT/results.md` names it."
+    ),
+    ExitCode.CLIENT_SERVICE: (
+        "`service`: no background service is installed for this user (install.sh "
+        "`--autostart` or setup.exe's \"Start at login\" writes one), or the platform's "
+        "service manager is not reachable here (e.g. no `systemd --user` session) or "
+        "refused the command; the message names the command and its answer."
     ),
     # ftis-admin (80-99)
     ExitCode.ADMIN_UNREACHABLE: (

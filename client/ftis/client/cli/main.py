@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
-from ftis.client.cli import models, settings, start, status
+from ftis.client.cli import models, service, settings, start, status
 
 #: Every command of ``ftis-client`` (a test holds the CLI to exactly these).
-VOLUNTEER_COMMANDS = ("start", "models", "settings", "status")
+VOLUNTEER_COMMANDS = ("start", "models", "settings", "status", "service")
 
 app = typer.Typer(help="FTIS volunteer client.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -39,6 +39,7 @@ app.command("start")(start.start)
 app.add_typer(models.app, name="models")
 app.add_typer(settings.app, name="settings")
 app.command("status")(status.status)
+app.add_typer(service.app, name="service")
 
 if __name__ == "__main__":
     app()
