@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
+from serve_process import start_serve, stop_serve
 
 from ftis.coordinator.state.sql import SqlState
 from ftis.lab.harness.coordinator import (
@@ -49,30 +49,13 @@ def server(tmp_path: Path):
                                "heldout_fraction": 0.2, "max_outstanding_leases": 200,
                                "registrations_per_host_per_minute": 1e6,
                                "registrations_per_minute": 1e6}))
-    ready = tmp_path / "ready.json"
     db = tmp_path / "coord.db"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ftis.coordinator.cli.main", "serve", "--listen",
-         "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--db", str(db), "--config",
-         str(cfg), "--ready-file", str(ready), "--log-level", "WARNING",
-         "--http-listen", "none"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited {proc.returncode}: {proc.stderr.read()}")
-        assert time.monotonic() < deadline, "server did not become ready"
-        time.sleep(0.05)
+    proc, ready = start_serve(tmp_path, "--config", str(cfg), "--log-level", "WARNING",
+                              "--http-listen", "none", db=db, stdout=subprocess.DEVNULL)
     try:
-        yield json.loads(ready.read_text()), f"sqlite:///{db}"
+        yield ready, f"sqlite:///{db}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.communicate()
+        stop_serve(proc)
 
 
 def _admin(address: str, *args: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from serve_process import start_serve, stop_serve
 
 from ftis.lab.harness.coordinator import (
     VOCAB,
@@ -35,52 +35,11 @@ from ftis.v1 import bundle_pb2, swarm_pb2, swarm_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
-START_TIMEOUT_S = 60
-
-
 def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, dict]:
-    ready = tmp_path / "ready.json"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ftis.coordinator.cli.main",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--db",
-            str(tmp_path / "coord.db"),
-            "--ready-file",
-            str(ready),
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not ready.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited {proc.returncode}: {proc.stderr.read()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError("server did not become ready")
-        time.sleep(0.05)
-    return proc, json.loads(ready.read_text())
+    return start_serve(tmp_path, *extra)
 
 
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    proc.communicate()
-    return proc.returncode
+_stop = stop_serve
 
 
 def _admin(address: str, *args: str) -> subprocess.CompletedProcess:

@@ -101,28 +101,27 @@ def status() -> None:
     console.print(f"loaded: {'yes' if code == 0 else 'no'}\nnow: {state or 'not running'}")
 
 
+def _switch(action: svc.Action, done: str) -> None:
+    location = _location()
+    if location.platform == "windows":
+        windows = _windows()
+        windows.enable() if action == "enable" else windows.disable()
+    else:
+        _require_file(location)
+        _run_all(location, action)
+    console.print(done)
+
+
 @app.command("enable")
 def enable() -> None:
     """Start the service now and at every login."""
-    location = _location()
-    if location.platform == "windows":
-        _windows().enable()
-    else:
-        _require_file(location)
-        _run_all(location, "enable")
-    console.print("service enabled: running now and at every login")
+    _switch("enable", "service enabled: running now and at every login")
 
 
 @app.command("disable")
 def disable() -> None:
     """Stop the service now and at login (the node's key and checkpoints stay)."""
-    location = _location()
-    if location.platform == "windows":
-        _windows().disable()
-    else:
-        _require_file(location)
-        _run_all(location, "disable")
-    console.print("service disabled: stopped, and not started at login")
+    _switch("disable", "service disabled: stopped, and not started at login")
 
 
 class _WindowsService:
