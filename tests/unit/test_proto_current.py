@@ -2,10 +2,12 @@
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-PROTO_ROOT = Path(__file__).resolve().parents[2] / "proto"
+ROOT = Path(__file__).resolve().parents[2]
+PROTO_ROOT = ROOT / "proto"
+#: the generator's own environment (`make proto`, proto/codegen-requirements.txt)
+CODEGEN_PYTHON = ROOT / ".venv-codegen" / "bin" / "python"
 
 
 def test_generated_stubs_are_current(tmp_path):
@@ -15,8 +17,9 @@ def test_generated_stubs_are_current(tmp_path):
     assert protos, "no .proto files found"
     for p in protos:
         shutil.copy(p, src / p.name)
+    assert CODEGEN_PYTHON.exists(), f"no {CODEGEN_PYTHON}: run `make test-deps` or `make proto`"
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I.", "--python_out=.", "--pyi_out=.",
+        [str(CODEGEN_PYTHON), "-m", "grpc_tools.protoc", "-I.", "--python_out=.", "--pyi_out=.",
          "--grpc_python_out=.", *[f"ftis/v1/{p.name}" for p in protos]],
         cwd=tmp_path, check=True,
     )
