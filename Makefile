@@ -13,7 +13,7 @@ ROUNDS ?= 20
 SEED ?= 0
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup test-deps installer-deps installers test-installers test test-fast demo bench bench-learner bench-coordinator bench-attack bench-soak experiments proto lint clean
+.PHONY: setup test-deps installer-deps installers test-installers test test-fast demo bench bench-learner bench-coordinator bench-attack bench-soak experiments proto flower-env lint clean
 
 setup: $(STAMP)
 
@@ -150,6 +150,17 @@ experiments: setup
 		$(BIN)/python experiments/summarize_hetero.py runs/hetero_family runs/hetero_family_geometric \
 			runs/hetero_peft runs/hetero_quant || exit 1; fi
 
+# ftis-lab's Flower simulation environment (issue 16, part 2): flwr 1.41 with the FTIS
+# packages, under lab/flower-constraints.txt (protobuf 6, typer 0.20, rich 14).
+FLOWER := .venv-flower
+flower-env: $(FLOWER)/.ftis-installed
+$(FLOWER)/.ftis-installed: lab/flower-constraints.txt proto/pyproject.toml coordinator/pyproject.toml \
+		client/pyproject.toml lab/pyproject.toml
+	test -x $(FLOWER)/bin/python || $(PYTHON) -m venv $(FLOWER)
+	$(FLOWER)/bin/pip install --disable-pip-version-check -q -c lab/flower-constraints.txt \
+		torch==2.13.0 "flwr[simulation]==1.41.0" -e proto -e coordinator -e client -e lab pytest
+	touch $@
+
 proto: $(CODEGEN_STAMP)
 	cd proto && ../$(CODEGEN)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
 		--grpc_python_out=. ftis/v1/*.proto
@@ -160,4 +171,4 @@ lint: setup
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache build/installers dist/installers
+	rm -rf $(VENV) $(CODEGEN) $(FLOWER) runs .pytest_cache build/installers dist/installers
