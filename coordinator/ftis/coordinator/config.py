@@ -105,7 +105,10 @@ class CoordinatorConfig(BaseSettings):
         swarm_server: ``"aio"`` (default): the volunteer service runs on a ``grpc.aio``
             server in an event-loop thread, handlers in a thread pool, any number of
             requests over budget waiting as coroutines; ``"threads"``: the thread-pool
-            ``grpc.server`` of before, at most 16 waiting at once.
+            ``grpc.server`` of before, at most half its threads waiting at once.
+        swarm_handler_threads: threads the volunteer handlers run in (``"aio"``: the pool
+            the event loop hands decoded requests to; ``"threads"``: the server's worker
+            threads).
         rescoring_workers: worker processes that re-score submitted completions (0: in
             the serving thread).
         rescoring_budget_s: seconds one bundle's re-score may take before the bundle is
@@ -156,6 +159,7 @@ class CoordinatorConfig(BaseSettings):
     connection_refusal_burst: float = Field(default=20, gt=0)
     connection_delay_s: float = Field(default=0.25, ge=0, le=10)
     swarm_server: Literal["aio", "threads"] = "aio"
+    swarm_handler_threads: int = Field(default=32, ge=2, le=256)
     rescoring_workers: int = Field(default=1, ge=0, le=64)
     rescoring_budget_s: float = Field(default=2.0, gt=0, le=60)
     tokenizer_uploads_per_minute: float = Field(default=4, gt=0)

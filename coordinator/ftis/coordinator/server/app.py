@@ -41,10 +41,6 @@ RESCORING_START_WAIT_S = 120.0
 
 log = logging.getLogger(__name__)
 
-#: Threads the volunteer handlers run in: the event-loop server's handler pool, or the
-#: worker threads of the thread-pool server (``swarm_server = "threads"``), at most half
-#: of which wait in refusal delays at once (:func:`connection_budget`).
-WORKER_THREADS = 32
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
@@ -81,7 +77,8 @@ def connection_budget(config: CoordinatorConfig) -> ConnectionBudget:
         refusals_per_s=config.connection_refusals_per_s,
         burst=config.connection_refusal_burst,
         delay_s=config.connection_delay_s,
-        max_delayed=None if config.swarm_server == "aio" else WORKER_THREADS // 2)
+        max_delayed=(None if config.swarm_server == "aio"
+                     else config.swarm_handler_threads // 2))
 
 
 class BindError(RuntimeError):
@@ -200,7 +197,7 @@ class CoordinatorServer:
 
     def _swarm_server(self) -> grpc.Server | AioServerThread:
         """The volunteer listener, not yet bound: a ``grpc.aio`` server on its own
-        event-loop thread whose handlers run in a pool of :data:`WORKER_THREADS`
+        event-loop thread whose handlers run in a pool of ``swarm_handler_threads``
         (``swarm_server = "aio"``), or a thread-pool ``grpc.server`` (``"threads"``)."""
         servicer = SwarmService(self.ctx)
         limits = self.config.method_request_limits
@@ -208,11 +205,13 @@ class CoordinatorServer:
         options = self._options(swarm_grpc_options(self.config))
         if self.config.swarm_server == "threads":
             server = grpc.server(
-                ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ftis-swarm"),
+                ThreadPoolExecutor(self.config.swarm_handler_threads,
+                                   thread_name_prefix="ftis-swarm"),
                 options=options)
             add_swarm_service(servicer, server, limits, budget)
             return server
-        handlers = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ftis-swarm")
+        handlers = ThreadPoolExecutor(self.config.swarm_handler_threads,
+                                      thread_name_prefix="ftis-swarm")
         self._handlers = handlers
         return AioServerThread(
             options, lambda server: add_swarm_service(servicer, server, limits, budget,
