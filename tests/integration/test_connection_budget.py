@@ -40,13 +40,16 @@ def _channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
-@pytest.fixture
-def server(tmp_path: Path):
+@pytest.fixture(params=["aio"])
+def server(request: pytest.FixtureRequest, tmp_path: Path):
+    """A coordinator with the production budget on the ``request.param`` listener
+    (``swarm_server``; the grpc.aio one unless a test parametrizes it)."""
     budget = {k: getattr(PRODUCTION, k) for k in (
         "connection_refusals_per_s", "connection_refusal_burst", "connection_delay_s",
         "heartbeats_per_minute")}
     assert set(budget) - {"connection_delay_s"} <= set(UNLIMITED_QUOTAS)
-    srv = CoordinatorServer(make_config(db=str(tmp_path / "coord.db"), **budget))
+    srv = CoordinatorServer(make_config(db=str(tmp_path / "coord.db"),
+                                        swarm_server=request.param, **budget))
     srv.start()
     try:
         yield srv
@@ -54,6 +57,7 @@ def server(tmp_path: Path):
         srv.stop(grace=1.0)
 
 
+@pytest.mark.parametrize("server", ["aio", "threads"], indirect=True)
 def test_a_refused_connection_is_slowed_and_an_honest_one_is_not(server) -> None:
     assert (PRODUCTION.connection_refusal_burst, PRODUCTION.connection_refusals_per_s,
             PRODUCTION.connection_delay_s) == (20, 10, 0.25)

@@ -12,6 +12,7 @@ import pytest
 from ftis.coordinator.cli.main import parse_overrides
 from ftis.coordinator.config import CoordinatorConfig, load_config
 from ftis.coordinator.quotas import ConnectionBudget, RateLimiter, peer_host
+from ftis.coordinator.server.app import connection_budget
 from ftis.coordinator.server.swarm_service import SwarmService, _refusing, _refusing_async
 from ftis.lab.harness.coordinator import (
     FakeClock,
@@ -427,3 +428,13 @@ def test_unattributable_refusals_write_at_most_their_budget_of_verdict_rows() ->
     clock.advance(1.0)  # refilled: recorded again
     assert _code(coord.submit_bundle, bad) == ErrorCode.SIGNATURE_INVALID
     assert coord.state.rejections_by_code() == {ErrorCode.SIGNATURE_INVALID: budget + 1}
+
+
+def test_the_listener_is_chosen_in_config() -> None:
+    assert CoordinatorConfig(db="sqlite://").swarm_server == "aio"
+    threads = CoordinatorConfig(db="sqlite://", swarm_server="threads",
+                                swarm_handler_threads=8)
+    assert connection_budget(threads).max_delayed == 4
+    assert connection_budget(CoordinatorConfig(db="sqlite://")).max_delayed is None
+    with pytest.raises(ValueError):
+        CoordinatorConfig(db="sqlite://", swarm_server="processes")
