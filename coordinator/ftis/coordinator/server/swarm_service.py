@@ -20,7 +20,8 @@ all in-band
 with gRPC status RESOURCE_EXHAUSTED).
 
 Metrics (:mod:`ftis.coordinator.observe.metrics`) are taken here: every registered
-method's time and in-band code (``_refusing``, which also sees REQUEST_TOO_LARGE), the
+method's time and in-band code (``_refusing_async`` / ``_refusing``, which also see
+REQUEST_TOO_LARGE), the
 SubmitBundle outcome by code, the SubmitBundle handler's time, leases issued and bundles
 relayed.
 """
