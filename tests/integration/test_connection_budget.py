@@ -12,6 +12,7 @@ settles at about 10 decoded refusals and 4 delayed answers a second.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import grpc
 import pytest
 
 from ftis.coordinator.config import CoordinatorConfig
-from ftis.coordinator.server.app import CoordinatorServer
+from ftis.coordinator.server.app import CoordinatorServer, connection_budget
 from ftis.lab.harness.coordinator import (
     UNLIMITED_QUOTAS,
     make_config,
@@ -39,13 +40,16 @@ def _channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
-@pytest.fixture
-def server(tmp_path: Path):
+@pytest.fixture(params=["aio"])
+def server(request: pytest.FixtureRequest, tmp_path: Path):
+    """A coordinator with the production budget on the ``request.param`` listener
+    (``swarm_server``; the grpc.aio one unless a test parametrizes it)."""
     budget = {k: getattr(PRODUCTION, k) for k in (
         "connection_refusals_per_s", "connection_refusal_burst", "connection_delay_s",
         "heartbeats_per_minute")}
     assert set(budget) - {"connection_delay_s"} <= set(UNLIMITED_QUOTAS)
-    srv = CoordinatorServer(make_config(db=str(tmp_path / "coord.db"), **budget))
+    srv = CoordinatorServer(make_config(db=str(tmp_path / "coord.db"),
+                                        swarm_server=request.param, **budget))
     srv.start()
     try:
         yield srv
@@ -53,6 +57,7 @@ def server(tmp_path: Path):
         srv.stop(grace=1.0)
 
 
+@pytest.mark.parametrize("server", ["aio", "threads"], indirect=True)
 def test_a_refused_connection_is_slowed_and_an_honest_one_is_not(server) -> None:
     assert (PRODUCTION.connection_refusal_burst, PRODUCTION.connection_refusals_per_s,
             PRODUCTION.connection_delay_s) == (20, 10, 0.25)
@@ -102,3 +107,94 @@ def test_a_refused_connection_is_slowed_and_an_honest_one_is_not(server) -> None
     assert honest_beats[-1][2] == pytest.approx(reputation, abs=1e-3)
     honest_channel.close()
     attack_channel.close()
+
+
+class _Flood:
+    """``inflight`` garbage SubmitBundle requests kept in flight on one connection (a
+    finished one is replaced from its done-callback); records ``(done_at, code, s)``."""
+
+    def __init__(self, channel: grpc.Channel, inflight: int) -> None:
+        self.call = channel.unary_unary("/ftis.v1.Swarm/SubmitBundle",
+                                        request_serializer=None, response_deserializer=None)
+        self.inflight = inflight
+        self.answers: list[tuple[float, int, float]] = []
+        self.failures: list[str] = []
+        self.stopping = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for _ in range(self.inflight):
+            self._send()
+
+    def _send(self) -> None:
+        sent = time.perf_counter()
+        future = self.call.future(b"\xff" * 64, timeout=30)
+        future.add_done_callback(lambda f: self._done(f, sent))
+
+    def _done(self, future: grpc.Future, sent: float) -> None:
+        now = time.perf_counter()
+        try:
+            code = swarm_pb2.SubmitBundleResponse.FromString(future.result()).error.code
+            with self._lock:
+                self.answers.append((now, code, now - sent))
+        except grpc.RpcError as exc:  # the channel closing at the end
+            if not self.stopping:
+                self.failures.append(str(exc.code()))
+        if not self.stopping:
+            self._send()
+
+
+def test_a_connection_with_64_requests_in_flight_is_bounded(server) -> None:
+    """64 requests of garbage always in flight on one connection (beyond the 16 the
+    thread-pool server could hold in delays): the event-loop server lets all of them wait,
+    each connection's delay growing with its waiting requests, so the attacker gets at
+    most ``burst`` + ``refusals_per_s`` decoded refusals a second + 16 / ``delay_s`` = 64
+    late answers a second, and an honest node on its own connection keeps getting OK
+    Heartbeats, fast."""
+    config = server.config
+    assert config.swarm_server == "aio"
+    budget = connection_budget(config)
+    assert budget.max_delayed is None and budget.max_answers_per_s == 64.0
+    honest_channel, attack_channel = _channel(server.address), _channel(server.address)
+    stub = swarm_pb2_grpc.SwarmStub(honest_channel)
+    honest = NodeIdentity.generate()
+    reply = stub.Register(swarm_pb2.RegisterRequest(
+        envelope=register_envelope(honest, model_card(), int(time.time() * 1000))))
+    assert reply.error.code == 0
+
+    flood = _Flood(attack_channel, 64)
+    seconds = 4.0
+    t0 = time.perf_counter()
+    flood.start()
+    beats: list[tuple[int, float]] = []
+    while time.perf_counter() - t0 < seconds:
+        b0 = time.perf_counter()
+        r = stub.Heartbeat(signed(swarm_pb2.HeartbeatRequest(node_id=honest.node_id),
+                                  "Heartbeat", honest, int(time.time() * 1000)), timeout=10)
+        beats.append((r.error.code, time.perf_counter() - b0))
+        time.sleep(0.2)  # 20 beats in 4 s: inside the production 60/minute burst
+    t1 = time.perf_counter()
+    flood.stopping = True
+    answers = [(at, code, s) for at, code, s in flood.answers if at <= t1]
+    attack_channel.close()
+
+    assert flood.failures == []
+    codes = [code for _, code, _ in answers]
+    assert set(codes) == {ErrorCode.REQUEST_INVALID, ErrorCode.RATE_LIMITED}
+    elapsed = t1 - t0
+    # decoded refusals: the burst, then as the bucket refills (the check and the take
+    # happen in one step of the event loop, so none slips through)
+    decoded_bound = config.connection_refusal_burst + config.connection_refusals_per_s * elapsed
+    assert codes.count(ErrorCode.REQUEST_INVALID) <= decoded_bound + 1
+    # late answers: 64 a second once all wait, plus the first wave of 44 that waited
+    # 0.25 s up to 0.25 × 44/16 s on their way to the steady state
+    late_bound = budget.max_answers_per_s * elapsed + 64
+    assert codes.count(ErrorCode.RATE_LIMITED) <= late_bound
+    # in the steady state the waits grew well past delay_s (63 or 64 waiting: ~1 s)
+    steady = sorted(s for at, code, s in answers
+                    if code == ErrorCode.RATE_LIMITED and at > t0 + 2.0)
+    assert steady and steady[len(steady) // 2] >= 0.75
+    # the honest node on its own connection: every Heartbeat OK, none slow
+    assert len(beats) >= 10 and all(code == 0 for code, _ in beats)
+    assert max(s for _, s in beats) < 0.5, beats
+    honest_channel.close()

@@ -3,14 +3,17 @@ new node ids, request size limits checked before decoding, and the config surfac
 
 from __future__ import annotations
 
+import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from ftis.coordinator.cli.main import parse_overrides
 from ftis.coordinator.config import CoordinatorConfig, load_config
 from ftis.coordinator.quotas import ConnectionBudget, RateLimiter, peer_host
-from ftis.coordinator.server.swarm_service import SwarmService, _refusing
+from ftis.coordinator.server.app import connection_budget
+from ftis.coordinator.server.swarm_service import SwarmService, _refusing, _refusing_async
 from ftis.lab.harness.coordinator import (
     FakeClock,
     FakeContext,
@@ -165,7 +168,7 @@ def test_registration_throttling_of_new_node_ids() -> None:
 
 
 def _budget(clock: FakeClock | None = None, **kw) -> ConnectionBudget:
-    settings = dict(refusals_per_s=10.0, burst=20.0, delay_s=0.0, max_delayed=2)
+    settings: dict = dict(refusals_per_s=10.0, burst=20.0, delay_s=0.0, max_delayed=2)
     settings.update(kw)
     seconds = (lambda: clock.now_ms / 1000.0) if clock is not None else (lambda: 0.0)
     return ConnectionBudget(clock=seconds, **settings)  # type: ignore[arg-type]
@@ -241,18 +244,98 @@ def test_refusals_the_coordinator_causes_are_not_counted() -> None:
     assert budget.over_budget("c")
 
 
-def test_delays_are_bounded_in_number() -> None:
-    """At most ``max_delayed`` requests wait at once; beyond that they are answered at
-    once (delay 0), and a finished delay frees its slot."""
+def test_delays_are_bounded_in_number_when_they_hold_threads() -> None:
+    """The thread-pool server's budget: at most ``max_delayed`` requests wait at once;
+    beyond that they are answered at once (delay 0), and a finished delay frees its
+    slot."""
     budget = _budget(delay_s=0.25, max_delayed=2)
-    first, second, third = budget.start_delay(), budget.start_delay(), budget.start_delay()
+    first, second, third = (budget.start_delay("a"), budget.start_delay("b"),
+                            budget.start_delay("a"))
     assert (first, second, third) == (0.25, 0.25, 0.0)
-    budget.end_delay(third)
-    assert budget.start_delay() == 0.0
-    budget.end_delay(first)
-    assert budget.start_delay() == 0.25
-    with pytest.raises(ValueError):
-        ConnectionBudget(refusals_per_s=0, burst=1, delay_s=0, max_delayed=1)
+    budget.end_delay("a", third)
+    assert budget.start_delay("c") == 0.0
+    budget.end_delay("a", first)
+    assert budget.start_delay("c") == 0.25
+    assert budget.answered_over_budget == 5
+    for bad in (dict(refusals_per_s=0), dict(max_delayed=0), dict(waiting_per_delay=0),
+                dict(delay_s=-1)):
+        with pytest.raises(ValueError):
+            _budget(**bad)
+
+
+def test_the_delay_grows_with_the_connections_requests_waiting() -> None:
+    """No cap on how many wait (``max_delayed=None``, the event-loop server); the delay
+    is ``delay_s × max(1, w / 16)`` for ``w`` requests of that connection waiting, this
+    one included: 0.25 s up to 16, 0.25 × 17/16 = 0.265625 s for the 17th, 0.5 s for the
+    32nd, 1.0 s for the 64th. Another connection waits 0.25 s; finished delays shrink
+    the count again."""
+    budget = _budget(delay_s=0.25, max_delayed=None)
+    assert budget.max_delayed is None and budget.waiting_per_delay == 16
+    delays = [budget.start_delay("attacker") for _ in range(64)]
+    assert delays[:16] == [0.25] * 16
+    assert delays[16] == 0.265625
+    assert delays[31] == 0.5
+    assert delays[63] == 1.0
+    assert budget.waiting("attacker") == 64
+    assert budget.start_delay("other") == 0.25
+    for delay in delays[32:]:
+        budget.end_delay("attacker", delay)
+    assert budget.waiting("attacker") == 32
+    assert budget.start_delay("attacker") == 0.25 * 33 / 16  # 0.515625
+    budget.end_delay("other", 0.25)
+    assert budget.waiting("other") == 0 and "other" not in budget._waiting
+    assert budget.answered_over_budget == 66
+
+
+def test_answers_over_budget_per_second_are_bounded_per_connection() -> None:
+    """``k`` requests in flight, all waiting: ``k`` answers every ``delay_for(k)``
+    seconds, i.e. ``min(k / 0.25, 16 / 0.25)`` = 4, 32, 64, 64, 64 a second for k = 1,
+    8, 16, 64, 1024: never more than ``max_answers_per_s`` = 64."""
+    budget = _budget(delay_s=0.25, max_delayed=None)
+    rates = [k / budget.delay_for(k) for k in (1, 8, 16, 64, 1024)]
+    assert rates == [4.0, 32.0, 64.0, 64.0, 64.0]
+    assert budget.max_answers_per_s == 64.0
+    assert _budget(delay_s=0.5, waiting_per_delay=8).max_answers_per_s == 16.0
+    assert _budget(delay_s=0.0).max_answers_per_s == float("inf")
+    assert _budget(delay_s=0.0).start_delay("a") == 0.0  # nothing to wait for or count
+
+
+def test_the_event_loop_handler_checks_before_its_thread_hop() -> None:
+    """The ``grpc.aio`` handler refuses over budget, too large and undecodable requests
+    in the event loop; only a decoded request goes to the executor, with a ``Caller``
+    that carries the connection."""
+    clock = FakeClock()
+    budget = _budget(clock)
+    hops: list[str] = []
+
+    class Recording(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+            hops.append(fn.__name__)
+            return super().submit(fn, *args, **kwargs)
+
+    def behavior(request, caller):
+        return swarm_pb2.HeartbeatResponse(server_time_ms=len(caller.peer()))
+
+    with Recording(2) as executor:
+        handler = _refusing_async(behavior, swarm_pb2.HeartbeatRequest,
+                                  swarm_pb2.HeartbeatResponse, "Heartbeat", 64, budget,
+                                  executor)
+        attacker = FakeContext("ipv4:10.0.0.9:4000")
+        good = swarm_pb2.HeartbeatRequest(node_id="n").SerializeToString()
+
+        async def calls() -> list[int]:
+            codes = [(await handler(b"\xff" * 8, attacker)).error.code for _ in range(10)]
+            codes += [(await handler(b"\x00" * 65, attacker)).error.code for _ in range(10)]
+            codes.append((await handler(good, attacker)).error.code)  # over budget
+            ok = await handler(good, FakeContext("ipv4:10.0.0.9:4001"))
+            codes.append(ok.error.code)
+            assert ok.server_time_ms == len("ipv4:10.0.0.9:4001")
+            return codes
+
+        codes = asyncio.run(calls())
+    assert codes == ([ErrorCode.REQUEST_INVALID] * 10 + [ErrorCode.REQUEST_TOO_LARGE] * 10
+                     + [ErrorCode.RATE_LIMITED, 0])
+    assert hops == ["behavior"]
 
 
 def test_heartbeats_have_a_quota() -> None:
@@ -345,3 +428,13 @@ def test_unattributable_refusals_write_at_most_their_budget_of_verdict_rows() ->
     clock.advance(1.0)  # refilled: recorded again
     assert _code(coord.submit_bundle, bad) == ErrorCode.SIGNATURE_INVALID
     assert coord.state.rejections_by_code() == {ErrorCode.SIGNATURE_INVALID: budget + 1}
+
+
+def test_the_listener_is_chosen_in_config() -> None:
+    assert CoordinatorConfig(db="sqlite://").swarm_server == "aio"
+    threads = CoordinatorConfig(db="sqlite://", swarm_server="threads",
+                                swarm_handler_threads=8)
+    assert connection_budget(threads).max_delayed == 4
+    assert connection_budget(CoordinatorConfig(db="sqlite://")).max_delayed is None
+    with pytest.raises(ValueError):
+        CoordinatorConfig(db="sqlite://", swarm_server="processes")

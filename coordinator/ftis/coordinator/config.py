@@ -11,7 +11,7 @@ import contextvars
 import json
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -100,7 +100,18 @@ class CoordinatorConfig(BaseSettings):
             beyond them its requests are answered RATE_LIMITED after
             ``connection_delay_s`` seconds, undecoded
             (:class:`~ftis.coordinator.quotas.ConnectionBudget`).
-        connection_delay_s: seconds a request over its connection's budget waits.
+        connection_delay_s: seconds a request over its connection's budget waits while at
+            most 16 of that connection's requests wait (more: proportionally longer).
+        swarm_server: ``"threads"`` (default): the volunteer service runs on a
+            thread-pool ``grpc.server``, at most half its threads waiting in refusal
+            delays at once; ``"aio"``: on a ``grpc.aio`` server in an event-loop
+            thread, handlers in a thread pool, any number of requests over budget
+            waiting as coroutines (a bound for one connection with many requests in
+            flight, at about 10-15 % of ``make bench-coordinator``'s throughput;
+            docs/coordinator.md, "The volunteer listener").
+        swarm_handler_threads: threads the volunteer handlers run in (``"aio"``: the pool
+            the event loop hands decoded requests to; ``"threads"``: the server's worker
+            threads).
         rescoring_workers: worker processes that re-score submitted completions (0: in
             the serving thread).
         rescoring_budget_s: seconds one bundle's re-score may take before the bundle is
@@ -150,6 +161,8 @@ class CoordinatorConfig(BaseSettings):
     connection_refusals_per_s: float = Field(default=10, gt=0)
     connection_refusal_burst: float = Field(default=20, gt=0)
     connection_delay_s: float = Field(default=0.25, ge=0, le=10)
+    swarm_server: Literal["aio", "threads"] = "threads"
+    swarm_handler_threads: int = Field(default=32, ge=2, le=256)
     rescoring_workers: int = Field(default=1, ge=0, le=64)
     rescoring_budget_s: float = Field(default=2.0, gt=0, le=60)
     tokenizer_uploads_per_minute: float = Field(default=4, gt=0)

@@ -21,8 +21,8 @@ Limits (all in :class:`~ftis.coordinator.config.CoordinatorConfig`):
   costs a signature check; clients send one every ``heartbeat_interval_s``).
 * Refusals per connection (:class:`ConnectionBudget`): a connection (one gRPC peer,
   ``ipv4:HOST:PORT``) whose refused requests exceed ``connection_refusals_per_s`` is
-  answered RATE_LIMITED after a delay, before its request is decoded (the servicer
-  sleeps; this module only decides).
+  answered RATE_LIMITED after a delay that grows with its requests already waiting,
+  before its request is decoded (the servicer waits; this module only decides).
 * Verdict rows of refusals nobody can be charged for (an envelope whose signature does
   not verify): :data:`UNATTRIBUTED_VERDICTS_PER_S` per process; beyond it the refusal is
   answered as usual but only counted, not written (threat model §5, item 6).
@@ -202,23 +202,31 @@ class Quotas:
 
 
 class ConnectionBudget:
-    """Refused requests per connection, and whether the next request of a connection
-    over its budget is answered late instead of served (issue 13, "Beyond these
-    classes": an honest node's p99 within 2× while one connection misbehaves).
+    """Refused requests per connection, and how late a request of a connection over its
+    budget is answered instead of served (issue 13, "Beyond these classes": an honest
+    node's p99 within 2× while one connection misbehaves). Pure decision-making: no I/O,
+    no sleeping (the servicer waits), an injectable clock.
 
     Every refusal costs the serving process CPU however cheap it is, and an attacker is
     limited only by its own speed: a connection that is refused over and over keeps one
     core busy (``make bench-attack``). Once a connection's refusals exceed
     ``refusals_per_s`` (after a burst of ``burst``), its requests are answered
-    RATE_LIMITED after ``delay_s``, undecoded and unhandled, until the bucket refills;
+    RATE_LIMITED after a delay, undecoded and unhandled, until the bucket refills;
     answers given late are not refusals of their own (so a connection that slows down
-    is served again within ``1 / refusals_per_s`` seconds). At most ``max_delayed``
-    requests wait at once (all connections together; each holds a worker thread of the
-    synchronous server), so a connection with ``k ≤ max_delayed`` requests in flight gets
-    at most ``k / delay_s`` answers per second, each costing a dict lookup and a sleeping
-    thread. Requests beyond ``max_delayed`` are answered at once, undecoded: an attacker
-    with more requests in flight than that is back to costing one cheap refusal each
-    (threat model §5, item 12).
+    is served again within ``1 / refusals_per_s`` seconds).
+
+    The delay grows with the number ``w`` of that connection's requests waiting, this one
+    included (:meth:`delay_for`)::
+
+        delay = delay_s × max(1, w / waiting_per_delay)
+
+    so a connection with ``k`` requests in flight, all waiting, gets ``k / delay`` =
+    ``min(k / delay_s, waiting_per_delay / delay_s)`` answers per second over budget
+    (64 with the defaults 0.25 s and 16), however large ``k``. Each costs a dict lookup
+    and, in the event-loop server (``grpc.aio``), a sleeping coroutine: there,
+    ``max_delayed`` is ``None`` and any number may wait. A server whose waiting requests
+    hold worker threads sets ``max_delayed``: beyond that many waiting (all connections
+    together) requests are answered at once, undecoded (threat model §5, item 12).
 
     Honest nodes are refused rarely (a lease limit, a tokenizer upload asked for, a
     reward claim that differs); ``burst`` covers that. Codes the coordinator causes
@@ -227,27 +235,40 @@ class ConnectionBudget:
     Args:
         refusals_per_s: sustained refusals per second a connection may cause.
         burst: refusals a connection may cause at once.
-        delay_s: seconds a request of a connection over its budget waits for its answer.
-        max_delayed: requests held at once, all connections together.
+        delay_s: seconds a request of a connection over its budget waits while at most
+            ``waiting_per_delay`` of that connection's requests wait.
+        max_delayed: requests waiting at once, all connections together, or ``None``
+            for no cap.
+        waiting_per_delay: waiting requests of one connection per ``delay_s`` of delay.
         clock: seconds.
 
     Raises:
-        ValueError: non-positive ``refusals_per_s``, ``burst`` or ``max_delayed``, or a
-            negative ``delay_s``.
+        ValueError: non-positive ``refusals_per_s``, ``burst``, ``max_delayed`` or
+            ``waiting_per_delay``, or a negative ``delay_s``.
     """
 
     def __init__(self, *, refusals_per_s: float, burst: float, delay_s: float,
-                 max_delayed: int, clock: Seconds = time.monotonic) -> None:
-        if refusals_per_s <= 0 or burst <= 0 or max_delayed <= 0 or delay_s < 0:
-            raise ValueError("refusals_per_s, burst and max_delayed must be > 0, "
-                             "delay_s >= 0")
+                 max_delayed: int | None = None, waiting_per_delay: int = 16,
+                 clock: Seconds = time.monotonic) -> None:
+        if (refusals_per_s <= 0 or burst <= 0 or waiting_per_delay <= 0 or delay_s < 0
+                or (max_delayed is not None and max_delayed <= 0)):
+            raise ValueError("refusals_per_s, burst, max_delayed and waiting_per_delay "
+                             "must be > 0, delay_s >= 0")
         self.refusals = RateLimiter(burst, period_s=burst / refusals_per_s, clock=clock)
         self.delay_s = delay_s
         self.max_delayed = max_delayed
+        self.waiting_per_delay = waiting_per_delay
         self._lock = threading.Lock()
         self._delayed = 0
+        self._waiting: dict[str, int] = {}
         #: requests answered RATE_LIMITED for their connection's budget (late or not)
         self.answered_over_budget = 0
+
+    @property
+    def max_answers_per_s(self) -> float:
+        """Most answers over budget per second one connection gets while all its requests
+        wait (``waiting_per_delay / delay_s``; infinite for ``delay_s`` 0)."""
+        return self.waiting_per_delay / self.delay_s if self.delay_s > 0 else float("inf")
 
     def over_budget(self, connection: str) -> bool:
         """Whether ``connection``'s next request is refused for its budget."""
@@ -258,18 +279,41 @@ class ConnectionBudget:
         if code and code not in UNCOUNTED_CODES:
             self.refusals.try_take(connection)
 
-    def start_delay(self) -> float:
-        """Seconds the caller should wait before answering a request over budget: the
-        delay while fewer than ``max_delayed`` are held, else 0. Pair every call with
-        :meth:`end_delay` of the value returned."""
+    def delay_for(self, waiting: int) -> float:
+        """Seconds a request waits when ``waiting`` requests of its connection (itself
+        included) wait: ``delay_s × max(1, waiting / waiting_per_delay)``."""
+        return self.delay_s * max(1.0, waiting / self.waiting_per_delay)
+
+    def waiting(self, connection: str) -> int:
+        """Requests of ``connection`` waiting now (between :meth:`start_delay` and
+        :meth:`end_delay`)."""
+        with self._lock:
+            return self._waiting.get(connection, 0)
+
+    def start_delay(self, connection: str = "") -> float:
+        """Seconds the caller should wait before answering a request of ``connection``
+        over budget (:meth:`delay_for` of its waiting requests, this one included), or 0
+        when ``max_delayed`` requests already wait. Pair every call with
+        :meth:`end_delay` of the same connection and the value returned."""
         with self._lock:
             self.answered_over_budget += 1
-            if self._delayed >= self.max_delayed:
+            if self.delay_s <= 0 or (self.max_delayed is not None
+                                     and self._delayed >= self.max_delayed):
                 return 0.0
             self._delayed += 1
-            return self.delay_s
+            waiting = self._waiting.get(connection, 0) + 1
+            self._waiting[connection] = waiting
+            return self.delay_for(waiting)
 
-    def end_delay(self, delayed_s: float) -> None:
-        if delayed_s > 0:
-            with self._lock:
-                self._delayed -= 1
+    def end_delay(self, connection: str = "", delayed_s: float = 0.0) -> None:
+        """A request of ``connection`` that :meth:`start_delay` told to wait
+        ``delayed_s`` seconds stopped waiting (answered or cancelled)."""
+        if delayed_s <= 0:
+            return
+        with self._lock:
+            self._delayed -= 1
+            left = self._waiting.get(connection, 0) - 1
+            if left > 0:
+                self._waiting[connection] = left
+            else:
+                self._waiting.pop(connection, None)

@@ -29,6 +29,7 @@ from ftis.coordinator.observe import metrics
 from ftis.coordinator.observe.http import HttpBindError, StatusHttpServer
 from ftis.coordinator.quotas import ConnectionBudget
 from ftis.coordinator.server.admin_service import AdminService
+from ftis.coordinator.server.event_loop import AioServerThread
 from ftis.coordinator.server.swarm_service import SwarmService, add_swarm_service
 from ftis.coordinator.state.base import State
 from ftis.coordinator.state.sql import SqlState
@@ -40,9 +41,6 @@ RESCORING_START_WAIT_S = 120.0
 
 log = logging.getLogger(__name__)
 
-#: Worker threads of the volunteer listener; at most half of them wait in refusal
-#: delays at once (:func:`connection_budget`).
-WORKER_THREADS = 32
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
@@ -63,24 +61,31 @@ def swarm_grpc_options(config: CoordinatorConfig) -> list[tuple[str, int]]:
 
 
 def connection_budget(config: CoordinatorConfig) -> ConnectionBudget:
-    """The per-connection refusal budget of ``config``; at most half of the listener's
-    worker threads wait in its delays at once.
+    """The per-connection refusal budget of ``config``.
+
+    With the event-loop server (``swarm_server = "aio"``) a waiting request
+    is a sleeping coroutine and any number may wait, each connection's delay growing with
+    its requests already waiting (at most ``16 / connection_delay_s`` answers a second
+    per connection). With the thread-pool server (the default) a waiting request holds a
+    worker thread, so at most half of them wait at once.
 
     gRPC's own per-connection stream limit (``grpc.max_concurrent_streams``) is not set:
-    with it, this synchronous server refused sequential requests of one connection with
+    with it, the synchronous server refused sequential requests of one connection with
     RST_STREAM (REFUSED_STREAM) once the limit's worth had been answered (grpcio 1.85,
     measured with 2 and 8), which honest clients would see as UNAVAILABLE."""
-    return ConnectionBudget(refusals_per_s=config.connection_refusals_per_s,
-                            burst=config.connection_refusal_burst,
-                            delay_s=config.connection_delay_s,
-                            max_delayed=WORKER_THREADS // 2)
+    return ConnectionBudget(
+        refusals_per_s=config.connection_refusals_per_s,
+        burst=config.connection_refusal_burst,
+        delay_s=config.connection_delay_s,
+        max_delayed=(None if config.swarm_server == "aio"
+                     else config.swarm_handler_threads // 2))
 
 
 class BindError(RuntimeError):
     """A listener address cannot be bound."""
 
 
-def _bind(server: grpc.Server, address: str) -> int:
+def _bind(server: grpc.Server | AioServerThread, address: str) -> int:
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:
@@ -91,7 +96,10 @@ def _bind(server: grpc.Server, address: str) -> int:
 
 
 class CoordinatorServer:
-    """Hosts :class:`SwarmService` and :class:`AdminService` on separate gRPC servers.
+    """Hosts :class:`SwarmService` and :class:`AdminService` on separate gRPC servers:
+    the volunteer service on a ``grpc.aio`` server in its own event-loop thread
+    (:class:`AioServerThread`; or a thread-pool server with ``swarm_server =
+    "threads"``), the admin service on a thread-pool server. The API is synchronous.
 
     Args:
         config: settings; ``listen``/``admin_listen`` may use port 0 (any free port).
@@ -135,7 +143,8 @@ class CoordinatorServer:
         self._http: StatusHttpServer | None = None
         self._stopping = threading.Event()
         self._flusher: threading.Thread | None = None
-        self._swarm: grpc.Server | None = None
+        self._swarm: grpc.Server | AioServerThread | None = None
+        self._handlers: ThreadPoolExecutor | None = None
         self._admin: grpc.Server | None = None
         self._port = 0
         self._admin_port = 0
@@ -150,12 +159,7 @@ class CoordinatorServer:
         """
         if self.ctx.spot_checks is not None:
             self.ctx.spot_checks.start()  # blocks until every worker holds the models
-        swarm = grpc.server(
-            ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ftis-swarm"),
-            options=self._options(swarm_grpc_options(self.config)),
-        )
-        add_swarm_service(SwarmService(self.ctx), swarm, self.config.method_request_limits,
-                          connection_budget(self.config))
+        swarm = self._swarm_server()
         admin = grpc.server(
             ThreadPoolExecutor(4, thread_name_prefix="ftis-admin"),
             options=self._options(GRPC_OPTIONS),
@@ -190,6 +194,29 @@ class CoordinatorServer:
         self._flusher = threading.Thread(target=self._flush_loop, name="ftis-flush", daemon=True)
         self._flusher.start()
         log.info("swarm service on %s, admin service on %s", self.address, self.admin_address)
+
+    def _swarm_server(self) -> grpc.Server | AioServerThread:
+        """The volunteer listener, not yet bound: a ``grpc.aio`` server on its own
+        event-loop thread whose handlers run in a pool of ``swarm_handler_threads``
+        (``swarm_server = "aio"``), or a thread-pool ``grpc.server`` (``"threads"``)."""
+        servicer = SwarmService(self.ctx)
+        limits = self.config.method_request_limits
+        budget = connection_budget(self.config)
+        options = self._options(swarm_grpc_options(self.config))
+        if self.config.swarm_server == "threads":
+            server = grpc.server(
+                ThreadPoolExecutor(self.config.swarm_handler_threads,
+                                   thread_name_prefix="ftis-swarm"),
+                options=options)
+            add_swarm_service(servicer, server, limits, budget)
+            return server
+        handlers = ThreadPoolExecutor(self.config.swarm_handler_threads,
+                                      thread_name_prefix="ftis-swarm")
+        self._handlers = handlers
+        return AioServerThread(
+            options, lambda server: add_swarm_service(servicer, server, limits, budget,
+                                                      handlers),
+            name="ftis-swarm-loop")
 
     def _options(self, options: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """``options`` with SO_REUSEPORT on for a worker of ``serve --workers N``."""
@@ -228,10 +255,14 @@ class CoordinatorServer:
         if self._http is not None:
             self._http.stop()
             self._http = None
-        events = [s.stop(grace) for s in (self._swarm, self._admin) if s is not None]
+        # the admin server's stop returns at once, the event-loop server's once it is done
+        events = [s.stop(grace) for s in (self._admin, self._swarm) if s is not None]
         for event in events:
             event.wait()
         self._swarm = self._admin = None
+        if self._handlers is not None:
+            self._handlers.shutdown(wait=False, cancel_futures=True)
+            self._handlers = None
         self._stopping.set()
         if self._flusher is not None:
             self._flusher.join()

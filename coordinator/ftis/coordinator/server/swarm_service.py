@@ -11,24 +11,29 @@ the handler. Relay pages are written as wire bytes around the stored envelopes, 
 never re-parsed (:func:`convert.relay_page_bytes`).
 
 :func:`add_swarm_service` registers the servicer so that each method gets the raw bytes,
-checked *before* decoding: a connection over its refusal budget is answered RATE_LIMITED
-after a delay (:class:`~ftis.coordinator.quotas.ConnectionBudget`), larger requests than
-the method's limit REQUEST_TOO_LARGE, and undecodable ones REQUEST_INVALID, all in-band
+checked *before* decoding (in the event loop of the ``grpc.aio`` server, before the
+handler's hop to its thread pool): a connection over its refusal budget is answered
+RATE_LIMITED after a delay (:class:`~ftis.coordinator.quotas.ConnectionBudget`), larger
+requests than the method's limit REQUEST_TOO_LARGE, and undecodable ones REQUEST_INVALID,
+all in-band
 (the transport-level ``max_receive_message_length`` still answers even larger messages
 with gRPC status RESOURCE_EXHAUSTED).
 
 Metrics (:mod:`ftis.coordinator.observe.metrics`) are taken here: every registered
-method's time and in-band code (``_refusing``, which also sees REQUEST_TOO_LARGE), the
+method's time and in-band code (``_refusing_async`` / ``_refusing``, which also see
+REQUEST_TOO_LARGE), the
 SubmitBundle outcome by code, the SubmitBundle handler's time, leases issued and bundles
 relayed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import grpc
@@ -197,18 +202,52 @@ def _connection(context: Any) -> str:
         return ""
 
 
+def _over_budget_response(response_cls: type, budget: ConnectionBudget) -> Any:
+    return response_cls(error=common_pb2.Error(
+        code=ErrorCode.RATE_LIMITED,
+        reason=f"this connection's requests were refused more than "
+               f"{budget.refusals.rate:g} times per second; slow down"))
+
+
+def _decode(data: bytes, request_cls: type[Message], response_cls: type, method: str,
+            limit: int) -> tuple[Message | None, Any]:
+    """``(request, None)``, or ``(None, refusal)`` for more than ``limit`` bytes
+    (REQUEST_TOO_LARGE) or bytes that do not decode as ``request_cls``
+    (REQUEST_INVALID, answered in-band: gRPC's own answer, INTERNAL, logs a traceback
+    per request, which a flood of garbage turned into the coordinator's main cost;
+    ``make bench-attack``)."""
+    if len(data) > limit:
+        return None, response_cls(error=common_pb2.Error(
+            code=ErrorCode.REQUEST_TOO_LARGE,
+            reason=f"{method} request is {len(data)} bytes, limit {limit}"))
+    try:
+        return request_cls.FromString(data), None
+    except DecodeError:
+        return None, response_cls(error=common_pb2.Error(
+            code=ErrorCode.REQUEST_INVALID,
+            reason=f"{len(data)} bytes that do not decode as a {method} request"))
+
+
+def _answered(response: Any, connection: str, method: str, started: float,
+              budget: ConnectionBudget) -> Any:
+    """Count ``response``'s refusal (if any) against ``connection`` and its metrics."""
+    code = _response_code(response)
+    budget.record_refusal(connection, code)
+    metrics.observe_rpc(method, time.perf_counter() - started, code)
+    return response
+
+
 def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
               response_cls: type, method: str, limit: int,
               budget: ConnectionBudget) -> Callable[[bytes, Any], Any]:
-    """The handler gRPC calls with the request's raw bytes. In order, before anything is
-    decoded:
+    """The handler the thread-pool server (``swarm_server = "threads"``) calls with the
+    request's raw bytes. In order, before anything is decoded:
 
     1. the connection is over its refusal budget → RATE_LIMITED, answered after the
-       budget's delay (``time.sleep`` holds this worker thread, not the GIL);
+       budget's delay (``time.sleep`` holds this worker thread, not the GIL; the budget's
+       ``max_delayed`` bounds how many wait);
     2. more than ``limit`` bytes → REQUEST_TOO_LARGE;
-    3. bytes that do not decode as ``request_cls`` → REQUEST_INVALID (answered in-band:
-       gRPC's own answer, INTERNAL, logs a traceback per request, which a flood of
-       garbage turned into the coordinator's main cost; ``make bench-attack``);
+    3. bytes that do not decode as ``request_cls`` → REQUEST_INVALID (:func:`_decode`);
 
     then ``behavior``. Every in-band refusal is counted against the connection."""
 
@@ -216,35 +255,64 @@ def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
         started = time.perf_counter()
         connection = _connection(context)
         if budget.over_budget(connection):
-            delay_s = budget.start_delay()
+            delay_s = budget.start_delay(connection)
             try:
                 time.sleep(delay_s)
             finally:
-                budget.end_delay(delay_s)
-            response = response_cls(error=common_pb2.Error(
-                code=ErrorCode.RATE_LIMITED,
-                reason=f"this connection's requests were refused more than "
-                       f"{budget.refusals.rate:g} times per second; slow down"))
+                budget.end_delay(connection, delay_s)
+            response = _over_budget_response(response_cls, budget)
             metrics.observe_rpc(method, time.perf_counter() - started, ErrorCode.RATE_LIMITED)
             return response
-        if len(data) > limit:
-            response = response_cls(error=common_pb2.Error(
-                code=ErrorCode.REQUEST_TOO_LARGE,
-                reason=f"{method} request is {len(data)} bytes, limit {limit}"))
-        else:
+        request, response = _decode(data, request_cls, response_cls, method, limit)
+        if request is not None:
+            response = behavior(request, context)
+        return _answered(response, connection, method, started, budget)
+
+    return handle
+
+
+class Caller:
+    """What a handler run off the event loop sees of its call: ``peer()`` (the
+    ``grpc.aio`` context itself belongs to the loop's thread)."""
+
+    __slots__ = ("_peer",)
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        """The caller's connection, ``ipv4:HOST:PORT`` ("" for none)."""
+        return self._peer
+
+
+def _refusing_async(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
+                    response_cls: type, method: str, limit: int, budget: ConnectionBudget,
+                    executor: Executor) -> Callable[[bytes, Any], Awaitable[Any]]:
+    """The coroutine the ``grpc.aio`` server calls with the request's raw bytes: the
+    checks of :func:`_refusing`, in the event loop and before any thread hop, except
+    that a connection over budget waits in ``asyncio.sleep`` (no thread held, no cap on
+    how many wait) for :meth:`ConnectionBudget.start_delay`, which grows with that
+    connection's requests already waiting. Only a decoded request goes to ``executor``,
+    where ``behavior`` (synchronous, database I/O) runs with a :class:`Caller`."""
+
+    async def handle(data: bytes, context: Any) -> Any:
+        started = time.perf_counter()
+        connection = _connection(context)
+        if budget.over_budget(connection):
+            delay_s = budget.start_delay(connection)
             try:
-                request = request_cls.FromString(data)
-            except DecodeError:
-                request = None
-                response = response_cls(error=common_pb2.Error(
-                    code=ErrorCode.REQUEST_INVALID,
-                    reason=f"{len(data)} bytes that do not decode as a {method} request"))
-            if request is not None:
-                response = behavior(request, context)
-        code = _response_code(response)
-        budget.record_refusal(connection, code)
-        metrics.observe_rpc(method, time.perf_counter() - started, code)
-        return response
+                await asyncio.sleep(delay_s)
+            finally:
+                budget.end_delay(connection, delay_s)
+            response = _over_budget_response(response_cls, budget)
+            metrics.observe_rpc(method, time.perf_counter() - started, ErrorCode.RATE_LIMITED)
+            return response
+        request, response = _decode(data, request_cls, response_cls, method, limit)
+        if request is not None:
+            loop = asyncio.get_running_loop()
+            response = await loop.run_in_executor(executor, behavior, request,
+                                                  Caller(connection))
+        return _answered(response, connection, method, started, budget)
 
     return handle
 
@@ -265,20 +333,35 @@ def _serialize(response: Any) -> bytes:
     return response if isinstance(response, bytes) else response.SerializeToString()
 
 
-def add_swarm_service(servicer: SwarmService, server: grpc.Server, limits: dict[str, int],
-                      budget: ConnectionBudget) -> None:
+def add_swarm_service(servicer: SwarmService, server: grpc.Server | grpc.aio.Server,
+                      limits: dict[str, int], budget: ConnectionBudget,
+                      executor: Executor | None = None) -> None:
     """Register ``servicer`` on ``server``: each method gets the request's raw bytes,
+<<<<<<< HEAD
     which :func:`_refusing` checks against the connection's refusal ``budget`` and the
     method's size limit (``limits``, bytes) before decoding. Same wire contract as the
     generated ``add_SwarmServicer_to_server``."""
+=======
+    which are checked against the connection's refusal ``budget`` and the method's size
+    limit (``limits``, bytes) before decoding. Same wire contract as the generated
+    ``add_SwarmServicer_to_server``.
+
+    Args:
+        executor: for a ``grpc.aio`` server, the bounded pool the (synchronous) handlers
+            run in (:func:`_refusing_async`); ``None`` for a thread-pool ``grpc.server``,
+            whose handlers run in its worker threads (:func:`_refusing`).
+    """
+>>>>>>> aio-server
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method, (request_cls, response_cls) in _METHODS.items():
+        behavior = getattr(servicer, method)
+        handle: Callable[[bytes, Any], Any] = (
+            _refusing(behavior, request_cls, response_cls, method, limits[method], budget)
+            if executor is None else
+            _refusing_async(behavior, request_cls, response_cls, method, limits[method],
+                            budget, executor))
         handlers[method] = grpc.unary_unary_rpc_method_handler(
-            _refusing(getattr(servicer, method), request_cls, response_cls, method,
-                      limits[method], budget),
-            request_deserializer=None,
-            response_serializer=_serialize,
-        )
+            handle, request_deserializer=None, response_serializer=_serialize)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("ftis.v1.Swarm", handlers),)
     )
