@@ -431,10 +431,12 @@ def test_unattributable_refusals_write_at_most_their_budget_of_verdict_rows() ->
 
 
 def test_the_listener_is_chosen_in_config() -> None:
-    assert CoordinatorConfig(db="sqlite://").swarm_server == "aio"
+    assert CoordinatorConfig(db="sqlite://").swarm_server == "threads"  # the default
     threads = CoordinatorConfig(db="sqlite://", swarm_server="threads",
                                 swarm_handler_threads=8)
     assert connection_budget(threads).max_delayed == 4
-    assert connection_budget(CoordinatorConfig(db="sqlite://")).max_delayed is None
+    assert connection_budget(CoordinatorConfig(db="sqlite://")).max_delayed == 16
+    aio = CoordinatorConfig(db="sqlite://", swarm_server="aio")
+    assert connection_budget(aio).max_delayed is None
     with pytest.raises(ValueError):
         CoordinatorConfig(db="sqlite://", swarm_server="processes")

@@ -337,11 +337,6 @@ def add_swarm_service(servicer: SwarmService, server: grpc.Server | grpc.aio.Ser
                       limits: dict[str, int], budget: ConnectionBudget,
                       executor: Executor | None = None) -> None:
     """Register ``servicer`` on ``server``: each method gets the request's raw bytes,
-<<<<<<< HEAD
-    which :func:`_refusing` checks against the connection's refusal ``budget`` and the
-    method's size limit (``limits``, bytes) before decoding. Same wire contract as the
-    generated ``add_SwarmServicer_to_server``."""
-=======
     which are checked against the connection's refusal ``budget`` and the method's size
     limit (``limits``, bytes) before decoding. Same wire contract as the generated
     ``add_SwarmServicer_to_server``.
@@ -351,7 +346,6 @@ def add_swarm_service(servicer: SwarmService, server: grpc.Server | grpc.aio.Ser
             run in (:func:`_refusing_async`); ``None`` for a thread-pool ``grpc.server``,
             whose handlers run in its worker threads (:func:`_refusing`).
     """
->>>>>>> aio-server
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method, (request_cls, response_cls) in _METHODS.items():
         behavior = getattr(servicer, method)
