@@ -237,6 +237,15 @@ def _answered(response: Any, connection: str, method: str, started: float,
     return response
 
 
+def _late_answer(response_cls: type, budget: ConnectionBudget, method: str,
+                 started: float) -> Any:
+    """The RATE_LIMITED answer to a request of a connection over its budget, counted in
+    the RPC metrics."""
+    response = _over_budget_response(response_cls, budget)
+    metrics.observe_rpc(method, time.perf_counter() - started, ErrorCode.RATE_LIMITED)
+    return response
+
+
 def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
               response_cls: type, method: str, limit: int,
               budget: ConnectionBudget) -> Callable[[bytes, Any], Any]:
@@ -260,9 +269,7 @@ def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
                 time.sleep(delay_s)
             finally:
                 budget.end_delay(connection, delay_s)
-            response = _over_budget_response(response_cls, budget)
-            metrics.observe_rpc(method, time.perf_counter() - started, ErrorCode.RATE_LIMITED)
-            return response
+            return _late_answer(response_cls, budget, method, started)
         request, response = _decode(data, request_cls, response_cls, method, limit)
         if request is not None:
             response = behavior(request, context)
@@ -304,9 +311,7 @@ def _refusing_async(behavior: Callable[[Any, Any], Any], request_cls: type[Messa
                 await asyncio.sleep(delay_s)
             finally:
                 budget.end_delay(connection, delay_s)
-            response = _over_budget_response(response_cls, budget)
-            metrics.observe_rpc(method, time.perf_counter() - started, ErrorCode.RATE_LIMITED)
-            return response
+            return _late_answer(response_cls, budget, method, started)
         request, response = _decode(data, request_cls, response_cls, method, limit)
         if request is not None:
             loop = asyncio.get_running_loop()
