@@ -54,6 +54,39 @@ class _Bucket:
     at_s: float
 
 
+class ExpiringKeys:
+    """Keys held until a time of the caller's clock (any unit, the same for every call):
+    the refusal hold of a sender, a fingerprint known to be missing. Thread-safe; at
+    ``capacity`` keys everything is forgotten (a memory, not a record: forgetting only
+    costs the lookup it saved)."""
+
+    def __init__(self, capacity: int = MAX_BUCKETS) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._until: dict[str, float] = {}
+
+    def hold(self, key: str, until: float) -> None:
+        with self._lock:
+            if len(self._until) >= self.capacity:
+                self._until.clear()
+            self._until[key] = until
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._until.pop(key, None)
+
+    def held(self, key: str, now: float) -> bool:
+        """Whether ``key`` is held at ``now`` (an expired key is dropped)."""
+        with self._lock:
+            until = self._until.get(key)
+            if until is None:
+                return False
+            if now >= until:
+                del self._until[key]
+                return False
+            return True
+
+
 class RateLimiter:
     """Keyed token buckets: ``capacity`` tokens per ``period_s`` seconds per key.
 

@@ -51,6 +51,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from ftis.coordinator.quotas import ExpiringKeys
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.protocol.fingerprint import tokenizer_fingerprint
 
@@ -248,31 +249,14 @@ class TokenizerCache:
         self.clock = clock
         self._loaded: OrderedDict[str, Tokenizer] = OrderedDict()
         self._bounds: dict[str, int] = {}
-        self._missing: dict[str, float] = {}
+        self._missing = ExpiringKeys(MAX_REMEMBERED_BOUNDS)  # until clock() seconds
         self._lock = threading.Lock()
-
-    def _known_missing(self, fingerprint: str) -> bool:
-        """Whether ``fingerprint`` was found missing less than MISSING_TTL_S ago."""
-        with self._lock:
-            until = self._missing.get(fingerprint)
-            if until is None:
-                return False
-            if self.clock() < until:
-                return True
-            del self._missing[fingerprint]
-            return False
-
-    def _remember_missing(self, fingerprint: str) -> None:
-        with self._lock:
-            if len(self._missing) >= MAX_REMEMBERED_BOUNDS:
-                self._missing.clear()
-            self._missing[fingerprint] = self.clock() + MISSING_TTL_S
 
     def put(self, fingerprint: str, tokenizer: Tokenizer) -> None:
         """Hold ``tokenizer`` under ``fingerprint``: only a tokenizer that
         :func:`check_upload` accepted for exactly this fingerprint."""
         with self._lock:
-            self._missing.pop(fingerprint, None)
+            self._missing.release(fingerprint)
             self._loaded[fingerprint] = tokenizer
             self._loaded.move_to_end(fingerprint)
             while len(self._loaded) > self.capacity:
@@ -291,11 +275,11 @@ class TokenizerCache:
             if tokenizer is not None:
                 self._loaded.move_to_end(fingerprint)
                 return tokenizer
-        if self._known_missing(fingerprint):
+        if self._missing.held(fingerprint, self.clock()):
             return None
         gz = self.state.get_tokenizer(fingerprint)
         if gz is None:
-            self._remember_missing(fingerprint)
+            self._missing.hold(fingerprint, self.clock() + MISSING_TTL_S)
             return None
         text = gunzip_bounded(gz, self.max_json_bytes).decode("utf-8")
         try:
@@ -334,11 +318,11 @@ class TokenizerCache:
         with self._lock:
             if fingerprint in self._loaded:
                 return True
-        if self._known_missing(fingerprint):
+        if self._missing.held(fingerprint, self.clock()):
             return False
         if self.state.has_tokenizer(fingerprint):
             return True
-        self._remember_missing(fingerprint)
+        self._missing.hold(fingerprint, self.clock() + MISSING_TTL_S)
         return False
 
     def __len__(self) -> int:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -23,10 +24,6 @@ app = typer.Typer(help="The background service the installer registered: status,
                        "(start now and at login), disable (stop now and at login).",
                   no_args_is_help=True)
 
-#: Runs one command line; replaced in tests. Returns (exit status, stdout, stderr).
-Runner = Any
-
-
 def _run(argv: list[str]) -> tuple[int, str, str]:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
@@ -37,10 +34,11 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
     return done.returncode, done.stdout.strip(), done.stderr.strip()
 
 
-runner: Runner = _run
+#: Runs one command line, returns (exit status, stdout, stderr); replaced in tests.
+runner: Callable[[list[str]], tuple[int, str, str]] = _run
 
 
-def _die(message: str) -> None:
+def _die(message: str) -> NoReturn:
     console.print(f"[red]ftis-client service:[/red] {message}")
     raise typer.Exit(ExitCode.CLIENT_SERVICE)
 
@@ -50,7 +48,6 @@ def _location() -> svc.ServiceLocation:
         platform = svc.platform_of(sys.platform)
     except svc.UnsupportedPlatformError as exc:
         _die(str(exc))
-        raise  # unreachable
     return svc.locate(platform, Path.home())
 
 
@@ -60,13 +57,17 @@ def _require_file(location: svc.ServiceLocation) -> None:
              "(docs/volunteers.md)")
 
 
+def _uid() -> int:
+    """The user's id (the launchd domain ``gui/UID``; 0 where there is none)."""
+    return os.getuid() if hasattr(os, "getuid") else 0
+
+
 def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else ""
 
 
 def _run_all(location: svc.ServiceLocation, action: svc.Action) -> None:
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    for argv in svc.commands(location, action, uid):
+    for argv in svc.commands(location, action, _uid()):
         code, out, err = runner(argv)
         if code != 0:
             _die(f"`{' '.join(argv)}` exited {code}: {_first_line(err or out)}")
@@ -85,9 +86,8 @@ def status() -> None:
         return
     _require_file(location)
     console.print(f"service file: {location.file}")
-    uid = os.getuid() if hasattr(os, "getuid") else 0
     if location.platform == "linux":
-        answers = [runner(argv) for argv in svc.commands(location, "status", uid)]
+        answers = [runner(argv) for argv in svc.commands(location, "status", _uid())]
         (enabled_code, enabled, enabled_err), (_, active, active_err) = answers
         if enabled_code not in (0, 1) or not enabled:
             _die("systemd --user is not reachable here "
@@ -95,7 +95,7 @@ def status() -> None:
                  "is used once you log in to a session with systemd")
         console.print(f"at login: {enabled}\nnow: {active or 'unknown'}")
         return
-    ((code, out, err),) = [runner(argv) for argv in svc.commands(location, "status", uid)]
+    ((code, out, err),) = [runner(argv) for argv in svc.commands(location, "status", _uid())]
     state = next((line.split("=", 1)[1].strip() for line in out.splitlines()
                   if line.strip().startswith("state =")), None)
     console.print(f"loaded: {'yes' if code == 0 else 'no'}\nnow: {state or 'not running'}")

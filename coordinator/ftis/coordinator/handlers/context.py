@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ftis.coordinator.config import CoordinatorConfig
-from ftis.coordinator.quotas import Quotas
+from ftis.coordinator.quotas import ExpiringKeys, Quotas
 from ftis.coordinator.reputation import ReputationConfig
 from ftis.coordinator.rescoring import RescoringPool
 from ftis.coordinator.spot_check_pool import SpotChecker
@@ -211,28 +211,18 @@ class RefusalHold:
     is counted in the database, across workers)."""
 
     def __init__(self, capacity: int = 100_000) -> None:
-        self.capacity = capacity
-        self._lock = threading.Lock()
-        self._until: dict[str, int] = {}
+        self._held = ExpiringKeys(capacity)
         #: submissions refused from memory (not in the verdict log)
         self.refused = 0
 
     def hold(self, node_id: str, until_ms: int) -> None:
-        with self._lock:
-            if len(self._until) >= self.capacity:
-                self._until.clear()
-            self._until[node_id] = until_ms
+        self._held.hold(node_id, until_ms)
 
     def held(self, node_id: str, now_ms: int) -> bool:
-        with self._lock:
-            until = self._until.get(node_id)
-            if until is None:
-                return False
-            if now_ms >= until:
-                del self._until[node_id]
-                return False
-            self.refused += 1
-            return True
+        if not self._held.held(node_id, now_ms):
+            return False
+        self.refused += 1
+        return True
 
 
 @dataclass

@@ -92,11 +92,17 @@ def authenticated(method: str) -> Callable[[Callable[..., R]], Callable[..., R]]
     return wrap
 
 
-def _peer(context: Any) -> str:
+def _connection(context: Any) -> str:
+    """The caller's connection (``context.peer()``: ``ipv4:HOST:PORT``); "" for none."""
     try:
-        return peer_host(context.peer()) if context is not None else ""
+        return str(context.peer()) if context is not None else ""
     except Exception:  # a test double without peer()
         return ""
+
+
+def _peer(context: Any) -> str:
+    """The caller's host (:func:`quotas.peer_host` of its connection)."""
+    return peer_host(_connection(context))
 
 
 class SwarmService(swarm_pb2_grpc.SwarmServicer):
@@ -192,14 +198,6 @@ _METHODS: dict[str, tuple[type, type]] = {
     "ReportMetrics": (swarm_pb2.ReportMetricsRequest, swarm_pb2.ReportMetricsResponse),
     "UploadTokenizer": (swarm_pb2.UploadTokenizerRequest, swarm_pb2.UploadTokenizerResponse),
 }
-
-
-def _connection(context: Any) -> str:
-    """The caller's connection (``context.peer()``: ``ipv4:HOST:PORT``); "" for none."""
-    try:
-        return str(context.peer()) if context is not None else ""
-    except Exception:  # a test double without peer()
-        return ""
 
 
 def _over_budget_response(response_cls: type, budget: ConnectionBudget) -> Any:

@@ -557,11 +557,14 @@ def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
         for _, role in cell["roles"]:  # weights + AdamW state: ~1.6 GB per 135M model
             shutil.rmtree(cdir / role.name / "checkpoints", ignore_errors=True)
         (cdir / "DONE").write_text("ok\n")
-    rows = []
-    for _, role in cell["roles"]:
-        for rec in read_metrics(cdir / role.name / "metrics.jsonl"):
-            rows.append(_row(cell, role, rec))
-    return rows
+    return cell_rows(cell, cdir)
+
+
+def cell_rows(cell: dict, cdir: Path) -> list[dict]:
+    """The result rows of a cell's clients (one per client and round), from their
+    ``metrics.jsonl`` under ``cdir``."""
+    return [_row(cell, role, rec) for _, role in cell["roles"]
+            for rec in read_metrics(cdir / role.name / "metrics.jsonl")]
 
 
 _KEEP = ("round", "reward_mean", "tokens_per_second", "is_weight_mean", "is_weight_max",
@@ -624,9 +627,7 @@ def collect_finished(cfg: ExperimentConfig, out: Path) -> tuple[list[dict], list
         if not (cdir / "DONE").exists():
             continue
         done += 1
-        for _, role in cell["roles"]:
-            metrics = read_metrics(cdir / role.name / "metrics.jsonl")
-            rows += [_row(cell, role, rec) for rec in metrics]
+        rows += cell_rows(cell, cdir)
         evals += read_evals(out, cell)
     return rows, evals, done
 
