@@ -32,13 +32,27 @@ floor and the fd floor, the smallest value of the past minute (:data:`FLOOR_S`: 
 taken and given back within a round flickers in and out of the samples, a leak raises
 the floor), and CPU seconds per round over the past minute (``round_cpu_s``); the RSS
 samples, the RSS peak of the past minute and wall-clock ``round_seconds`` are reported
-beside them. Only growth counts: a falling metric is flat. ``--analyze JSONL`` prints
-the summary of an earlier run. The last line is ``verdict: flat`` or ``verdict:
-GROWING (...)``; the exit status is 0 when flat, 1 when not, 2 when the client or
-coordinator died during the run.
+beside them. Only growth counts: a falling metric is flat.
+
+CPU seconds per round also follow the machine: on a shared 2-core machine the same work
+costs more CPU time while other processes compete for caches and memory bandwidth (the
+hour-long run of 2026-11-24 had a correlation of 0.47 between the client's CPU per round
+and the load average). So a **probe** process (``--probe``) does a fixed amount of the
+same kind of work, a forward and backward pass of the same tiny model on a fixed batch
+on one thread, every :data:`PROBE_PERIOD_S` seconds, and records its CPU seconds
+(``{"kind": "probe", ...}`` lines). ``round_cpu_rel`` is the client's CPU seconds per
+round divided by the median probe CPU seconds of the same minute: machine contention
+raises both and cancels; a client that does more work per round raises only the first.
+When probes were recorded, the verdict is over ``round_cpu_rel`` and ``round_cpu_s`` is
+reported beside it; runs without probes keep ``round_cpu_s`` in the verdict.
+
+``--analyze JSONL`` prints the summary of an earlier run. The last line is ``verdict:
+flat`` or ``verdict: GROWING (...)``; the exit status is 0 when flat, 1 when not, 2 when
+the client, the coordinator or the probe died during the run.
 
 Usage: python bench/soak.py [--minutes 60] [--sample-s 5] [--warmup-min 2]
        [--out runs/soak] [--json bench/results/soak-DATE.jsonl] [--analyze JSONL]
+       python bench/soak.py --probe MODEL_DIR OUT.jsonl   (the probe process alone)
 """
 
 from __future__ import annotations
@@ -64,6 +78,7 @@ TOLERANCES: dict[str, tuple[float, bool]] = {
     "rss_floor_mib": (0.02, True),
     "fds": (1.0, False),
     "round_cpu_s": (0.10, True),
+    "round_cpu_rel": (0.10, True),
     "rss_mib": (0.02, True),
     "rss_peak_mib": (0.02, True),
     "round_seconds": (0.10, True),
@@ -77,6 +92,12 @@ TOLERANCES: dict[str, tuple[float, bool]] = {
 #: generation and learner compute alone while the load average went from 5 to 8); CPU
 #: seconds per round do not.
 VERDICT = ("rss_floor_mib", "fds", "round_cpu_s")
+#: The verdict when probe records exist: CPU per round relative to the probe's.
+VERDICT_PROBED = ("rss_floor_mib", "fds", "round_cpu_rel")
+#: Seconds between two probe passes, and the probe's batch (rows x tokens): about
+#: 0.1 s of one core for the default tiny model, a few per cent of the machine.
+PROBE_PERIOD_S = 5.0
+PROBE_BATCH = (8, 64)
 #: Seconds over which CPU seconds per round are averaged (rounds take about 1 s).
 CPU_WINDOW_S = 60.0
 
@@ -198,12 +219,33 @@ def cpu_per_round(samples: list[dict], window_s: float = CPU_WINDOW_S
     return out
 
 
+def relative_to_probe(points: list[tuple[float, float]], probes: list[tuple[float, float]],
+                      window_s: float = CPU_WINDOW_S) -> list[tuple[float, float]]:
+    """Each ``(t, value)`` divided by the median probe CPU seconds of the ``window_s``
+    seconds up to ``t`` (``probes``: ``(t, probe_cpu_s)``, sorted by time); points with
+    no probe in their window are skipped. Dimensionless: work per round in units of the
+    probe's fixed work, so that machine contention, which slows both, cancels."""
+    out = []
+    for t, v in points:
+        window = [c for tp, c in probes if t - window_s <= tp <= t and c > 0]
+        if window:
+            out.append((t, v / statistics.median(window)))
+    return out
+
+
+def verdict_metrics(trends: list[Trend]) -> tuple[str, ...]:
+    """:data:`VERDICT_PROBED` when ``round_cpu_rel`` was measured, else :data:`VERDICT`."""
+    return VERDICT_PROBED if any(tr.metric == "round_cpu_rel" for tr in trends) else VERDICT
+
+
 def summarize(records: list[dict], warmup_s: float) -> list[Trend]:
     """Trends from ``warmup_s`` seconds to the last record's time ``t``: the verdict's
     (:data:`VERDICT`: RSS floor and fd floor, :func:`floor`; CPU seconds per round,
-    :func:`cpu_per_round`), then RSS samples, RSS peak and wall-clock round time."""
+    :func:`cpu_per_round`; with probe records also ``round_cpu_rel``,
+    :func:`relative_to_probe`), then RSS samples, RSS peak and wall-clock round time."""
     samples = sorted((r for r in records if r.get("kind") == "sample"), key=lambda r: r["t"])
     rounds = [r for r in records if r.get("kind") == "round"]
+    probes = sorted((r["t"], r["probe_cpu_s"]) for r in records if r.get("kind") == "probe")
     end = max(r["t"] for r in samples + rounds)
     # floors and peaks from measured samples only (not the start-up's)
     measured = [r for r in samples if r["t"] >= warmup_s]
@@ -211,7 +253,11 @@ def summarize(records: list[dict], warmup_s: float) -> list[Trend]:
     trends = [trend("rss_floor_mib", floor(rss), warmup_s, end),
               trend("fds", floor([(r["t"], r["fds"]) for r in measured]), warmup_s, end)]
     if samples and "cpu_s" in samples[0]:
-        trends.append(trend("round_cpu_s", cpu_per_round(samples), warmup_s, end))
+        per_round = cpu_per_round(samples)
+        trends.append(trend("round_cpu_s", per_round, warmup_s, end))
+        if probes:
+            trends.append(trend("round_cpu_rel", relative_to_probe(per_round, probes),
+                                warmup_s, end))
     trends += [trend("rss_mib", rss, warmup_s, end),
                trend("rss_peak_mib", floor(rss, fn=max), warmup_s, end),
                trend("round_seconds", [(r["t"], r["round_seconds"]) for r in rounds],
@@ -222,7 +268,8 @@ def summarize(records: list[dict], warmup_s: float) -> list[Trend]:
 def report_lines(trends: list[Trend]) -> list[str]:
     """The summary table and the verdict line (the last)."""
     units = {"rss_floor_mib": "MiB", "rss_mib": "MiB", "rss_peak_mib": "MiB", "fds": "fds",
-             "round_cpu_s": "s", "round_seconds": "s"}
+             "round_cpu_s": "s", "round_cpu_rel": "x", "round_seconds": "s"}
+    verdict = verdict_metrics(trends)
     lines = [f"{'metric':<14} {'n':>6} {'first quarter':>14} {'last quarter':>13} "
              f"{'slope/h':>10} {'tolerance/h':>12}  flat"]
     for tr in trends:
@@ -230,13 +277,37 @@ def report_lines(trends: list[Trend]) -> list[str]:
         lines.append(f"{tr.metric:<14} {tr.n:>6} {tr.first:>10.3f} {u:<3} {tr.last:>9.3f} "
                      f"{u:<3} {tr.slope_per_h:>+10.3f} {tr.tolerance:>12.3f}  "
                      f"{'yes' if tr.flat else 'NO'}"
-                     f"{'' if tr.metric in VERDICT else ' (not in the verdict)'}")
-    growing = [tr.metric for tr in trends if not tr.flat and tr.metric in VERDICT]
+                     f"{'' if tr.metric in verdict else ' (not in the verdict)'}")
+    growing = [tr.metric for tr in trends if not tr.flat and tr.metric in verdict]
     lines.append("verdict: flat" if not growing else f"verdict: GROWING ({', '.join(growing)})")
     return lines
 
 
 # ------------------------------------------------------------------ the run
+
+
+def probe(model_dir: Path, out: Path, period_s: float = PROBE_PERIOD_S) -> None:
+    """Run forever: every ``period_s`` seconds one forward and backward pass of the
+    model at ``model_dir`` on a fixed :data:`PROBE_BATCH` of token ids, on one thread,
+    appending ``{"cpu_s": ..., "wall_s": ...}`` (this process's CPU seconds and the wall
+    seconds of the pass) to ``out``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    rows, tokens = PROBE_BATCH
+    ids = torch.randint(0, model.config.vocab_size, (rows, tokens))
+    with open(out, "a") as fh:
+        while True:
+            c0, w0 = time.process_time(), time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids).loss.backward()
+            fh.write(json.dumps({"cpu_s": time.process_time() - c0,
+                                 "wall_s": time.perf_counter() - w0}) + "\n")
+            fh.flush()
+            time.sleep(period_s)
 
 
 def _proc_sample(proc) -> dict[str, float]:  # noqa: ANN001 - psutil.Process
@@ -246,8 +317,9 @@ def _proc_sample(proc) -> dict[str, float]:  # noqa: ANN001 - psutil.Process
                 "fds": float(proc.num_fds()), "threads": float(proc.num_threads())}
 
 
-def _new_rounds(path: Path, offset: int) -> tuple[list[dict], int]:
-    """Complete lines of ``metrics.jsonl`` after byte ``offset``; the new offset."""
+def _new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
+    """Complete JSON lines of ``path`` (the client's ``metrics.jsonl``, the probe's
+    output) after byte ``offset``; the new offset."""
     if not path.exists():
         return [], offset
     with open(path, "rb") as fh:
@@ -270,7 +342,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="JSONL output (default bench/results/soak-DATE[-short].jsonl)")
     ap.add_argument("--analyze", type=Path, default=None, metavar="JSONL",
                     help="only print the summary of an earlier run's JSONL (its warm-up)")
+    ap.add_argument("--probe", type=Path, nargs=2, default=None, metavar=("MODEL_DIR", "OUT"),
+                    help="run only the probe process (started by the soak itself)")
+    ap.add_argument("--no-probe", action="store_true",
+                    help="do not start the probe (the verdict is then over round_cpu_s)")
     args = ap.parse_args(argv)
+    if args.probe:
+        probe(*args.probe)
+        return 0
     if args.analyze:
         records = [json.loads(line) for line in args.analyze.read_text().splitlines()]
         lines = report_lines(summarize(records, records[0]["warmup_min"] * 60))
@@ -311,11 +390,18 @@ def main(argv: list[str] | None = None) -> int:
     swarm = Swarm(out=work, coordinator=coord, listen=listen, admin=admin)
     client = start_client(swarm, ClientSpec("client", ["--model", str(model_dir),
                                                        *CLIENT_ARGS]), threads=1)
+    probe_out = work / "probe.jsonl"
+    prober = None if args.no_probe else subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--probe", str(model_dir),
+         str(probe_out)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL, stderr=open(work / "probe.log", "w"))  # noqa: SIM115
     t0 = time.monotonic()
     header = {"kind": "config", "date": dt.datetime.now().isoformat(timespec="seconds"),
               "commit": commit, "minutes": args.minutes, "sample_s": args.sample_s,
               "warmup_min": args.warmup_min, "hidden_size": args.hidden_size,
               "layers": args.layers, "client_args": CLIENT_ARGS,
+              "probe": None if prober is None else {"period_s": PROBE_PERIOD_S,
+                                                    "batch": list(PROBE_BATCH)},
               "coordinator_config": COORDINATOR_CONFIG, "cpus": os.cpu_count(),
               "python": platform.python_version(),
               "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
@@ -323,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     died = ""
     pc, pk = psutil.Process(client.pid), psutil.Process(coord.pid)
     metrics, offset, last_time = work / "client" / "metrics.jsonl", 0, None
+    probe_offset = 0
     print(f"soak: {args.minutes:g} min, client pid {client.pid}, coordinator {listen}, "
           f"writing {out_json}", flush=True)
     with open(out_json, "w") as fh:
@@ -335,12 +422,13 @@ def main(argv: list[str] | None = None) -> int:
         next_sample, next_print = t0, t0 + 60
         try:
             while (now := time.monotonic()) - t0 < args.minutes * 60:
-                for p, name in ((client, "client"), (coord, "coordinator")):
-                    if p.poll() is not None:
+                for p, name in ((client, "client"), (coord, "coordinator"),
+                                (prober, "probe")):
+                    if p is not None and p.poll() is not None:
                         died = f"{name} exited with {p.returncode} (see {work}/logs)"
                 if died:
                     break
-                new, offset = _new_rounds(metrics, offset)
+                new, offset = _new_lines(metrics, offset)
                 for m in new:
                     emit({"kind": "round", "t": round(now - t0, 3), "round": m["round"],
                           "round_seconds": m["round_seconds"],
@@ -351,6 +439,10 @@ def main(argv: list[str] | None = None) -> int:
                           "learner_seconds": m.get("learner_seconds"),
                           "bundles_rejected": m.get("bundles_rejected", 0.0)})
                     last_time = m["time"]
+                passes, probe_offset = _new_lines(probe_out, probe_offset)
+                for m in passes:
+                    emit({"kind": "probe", "t": round(now - t0, 3), "probe_cpu_s": m["cpu_s"],
+                          "probe_wall_s": m["wall_s"]})
                 if now >= next_sample:
                     c, k = _proc_sample(pc), _proc_sample(pk)
                     emit({"kind": "sample", "t": round(now - t0, 3), **c,
@@ -365,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
                     next_print += 60
                 time.sleep(min(0.5, args.sample_s))
         finally:
+            if prober is not None and prober.poll() is None:
+                prober.kill()
+                prober.wait()
             if client.poll() is None:
                 client.send_signal(signal.SIGINT)  # the client's graceful stop
                 try:
@@ -394,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(rounds)} rounds in {args.minutes:g} min; measured from "
           f"{args.warmup_min:g} min (reference: the first quarter after it)")
     print("\n".join(lines))
-    return 0 if all(tr.flat for tr in trends if tr.metric in VERDICT) else 1
+    return 0 if lines[-1] == "verdict: flat" else 1
 
 
 if __name__ == "__main__":

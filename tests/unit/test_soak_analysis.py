@@ -124,3 +124,44 @@ def test_a_run_too_short_for_its_quarters_is_an_error():
     recs.append({"kind": "round", "t": 100.0, "round_seconds": 1.0})
     with pytest.raises(ValueError, match="no point in the first or last quarter"):
         soak.summarize(recs, warmup_s=50.0)
+
+
+def test_relative_to_probe_divides_by_the_median_probe_of_the_window():
+    probes = [(0.0, 0.10), (20.0, 0.30), (40.0, 0.20), (100.0, 0.50)]
+    # t=40: window [-20, 40] holds 0.10, 0.30, 0.20 -> median 0.20; t=70: [10, 70] holds
+    # 0.30, 0.20 -> 0.25
+    # t=150: window [90, 150] holds 0.50; t=300: no probe in [240, 300] -> skipped
+    out = soak.relative_to_probe([(40.0, 1.0), (70.0, 1.0), (150.0, 2.0), (300.0, 1.0)], probes)
+    assert out == [(40.0, pytest.approx(5.0)), (70.0, pytest.approx(4.0)),
+                   (150.0, pytest.approx(4.0))]
+
+
+def _with_probes(recs: list[dict], probe_cpu, minutes: int = 60) -> list[dict]:  # noqa: ANN001
+    return recs + [{"kind": "probe", "t": t + 2.0, "probe_cpu_s": probe_cpu(t)}
+                   for t in range(0, minutes * 60 + 1, 5)]
+
+
+def test_contention_that_slows_the_probe_too_is_not_growth():
+    # the machine gets 15 %/h slower for everything: client CPU per round and probe alike
+    slow = lambda t: 1.0 + 0.15 * t / 3600  # noqa: E731
+    recs = _with_probes(_records(lambda t: 500.0, lambda t: 8, lambda t: 1.0, cpu=slow),
+                        lambda t: 0.1 * slow(t))
+    trends = {tr.metric: tr for tr in soak.summarize(recs, warmup_s=120)}
+    assert not trends["round_cpu_s"].flat
+    rel = trends["round_cpu_rel"]
+    assert rel.first == pytest.approx(10.0, rel=0.01) and rel.last == pytest.approx(10.0, rel=0.01)
+    assert abs(rel.slope_per_h) < 0.05 and rel.flat
+    lines = soak.report_lines(list(trends.values()))
+    assert lines[-1] == "verdict: flat"
+    assert any(line.startswith("round_cpu_s") and "(not in the verdict)" in line
+               for line in lines)
+
+
+def test_a_client_that_does_more_work_per_round_is_growth_against_the_probe():
+    slow = lambda t: 1.0 + 0.15 * t / 3600  # noqa: E731
+    recs = _with_probes(_records(lambda t: 500.0, lambda t: 8, lambda t: 1.0, cpu=slow),
+                        lambda t: 0.1)
+    trends = {tr.metric: tr for tr in soak.summarize(recs, warmup_s=120)}
+    rel = trends["round_cpu_rel"]
+    assert rel.slope_per_h == pytest.approx(1.5, rel=0.02) and not rel.flat
+    assert soak.report_lines(list(trends.values()))[-1] == "verdict: GROWING (round_cpu_rel)"
