@@ -6,7 +6,8 @@ CLI's default tiny swarm (letter_counting, I = 1, J = 2, G = 8, 12 new tokens), 
 ClientApp actor per ``--client-cpus`` CPUs, learners' state in their Flower context.
 Prints, and appends to ``--out``, one line per run:
 
-    N=.. rounds=.. actors_cpus=.. setup_s=.. wall_s=.. learner_rounds=.. learner_rounds_per_min=.. bundles_accepted=.. bundles_rejected=..
+    N=.. rounds=.. actors_cpus=.. setup_s=.. wall_s=.. total_s=.. learner_rounds=..
+    learner_rounds_per_min=.. bundles_accepted=.. bundles_rejected=.. load_after=..
 
 ``setup_s`` is Ray's start, the actors' imports and registration; ``wall_s`` the rounds
 alone (what ``learner_rounds_per_min`` divides by).

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftis.client.node.config import ClientConfig
 from ftis.client.node.runner import PULL_PAGE, PendingBundle, VolunteerNode
 from ftis.client.swarm.connection import register_envelope, tokenizer_upload_bytes
 from ftis.lab.simulate.coordinator import PullPlan
