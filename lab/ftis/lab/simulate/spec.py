@@ -86,9 +86,15 @@ class SwarmSpec(BaseModel):
             key_file=folder / "node_key.pem", checkpoint_every=max(self.rounds, 1))
 
     def coordinator_config(self, db: str) -> CoordinatorConfig:
-        """The coordinator's configuration: defaults (as ``ftis-coordinator serve``),
-        then :attr:`coordinator`, on database ``db``; no listeners are bound."""
-        return load_config(None, **{**self.coordinator, "db": db})
+        """The coordinator's configuration on database ``db``: the defaults of
+        ``ftis-coordinator serve``, except that the per-node and per-host quotas are
+        lifted (:data:`~ftis.lab.harness.coordinator.UNLIMITED_QUOTAS`: every learner of
+        a simulation registers from one host at once and runs rounds as fast as its
+        model allows, which volunteers' throttles are not meant for), then
+        :attr:`coordinator` (set quotas there to study them)."""
+        from ftis.lab.harness.coordinator import UNLIMITED_QUOTAS
+
+        return load_config(None, **{**UNLIMITED_QUOTAS, **self.coordinator, "db": db})
 
 
 @dataclass
