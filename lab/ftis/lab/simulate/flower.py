@@ -11,6 +11,9 @@
   signed bundles they answer with, sends back the verdicts and the relay pages, and
   applies their metric reports.
 * :func:`run_flower`: both in ``flwr.simulation.run_simulation`` (Ray backend).
+  flwr 1.41 marks ``run_simulation`` deprecated in favour of ``flwr run``; it is used
+  here because the ServerApp hands its summary back to the caller in this process, and
+  because ``flwr run`` would package the apps as a FAB project of their own.
 
 Messages carry one ``ConfigRecord`` named ``"ftis"`` whose values are serialized
 ``ftis.v1`` messages (bytes), ints and strings; no weights.
@@ -45,11 +48,14 @@ from ftis.lab.simulate.learner import (  # noqa: E402
     live_learner,
 )
 from ftis.lab.simulate.spec import LearnerRound, SwarmSpec, SwarmSummary  # noqa: E402
+from ftis.v1 import swarm_pb2  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 #: The record every message and the ClientApp's context carry.
 RECORD = "ftis"
+#: Seconds the ServerApp waits for the engine's SuperNodes to appear.
+NODES_TIMEOUT_S = 300.0
 
 client_app = ClientApp()
 
@@ -178,9 +184,13 @@ def _serve(grid: Grid, spec: SwarmSpec, result: ServerResult, snapshots: bool,
     t_setup = time.perf_counter()
     run_key = uuid.uuid4().hex
     fids: list[int] = []
+    deadline = time.monotonic() + NODES_TIMEOUT_S
     while len(fids) < spec.learners:  # the engine registers its SuperNodes meanwhile
-        fids = sorted(grid.get_node_ids())
+        if time.monotonic() > deadline:
+            raise SimulationError(f"{len(fids)} of {spec.learners} SuperNodes after "
+                                  f"{NODES_TIMEOUT_S:g} s")
         time.sleep(0.05)
+        fids = sorted(grid.get_node_ids())
     coord = SimCoordinator(spec.coordinator_config(db))
     try:
         spec_json = spec.model_dump_json()
@@ -193,8 +203,6 @@ def _serve(grid: Grid, spec: SwarmSpec, result: ServerResult, snapshots: bool,
         node_of: dict[int, str] = {}
         for fid in order:
             r = replies[fid]
-            from ftis.v1 import swarm_pb2
-
             answer = swarm_pb2.RegisterResponse.FromString(coord.register(
                 bytes(r["envelope"]), str(r["fingerprint"]), bytes(r["tokenizer"])))
             if answer.error.code:
