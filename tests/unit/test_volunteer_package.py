@@ -35,7 +35,8 @@ def test_volunteer_cli_has_exactly_the_volunteer_commands():
 def test_lab_cli_has_the_research_commands():
     from ftis.lab.cli.main import LAB_COMMANDS, app
 
-    assert _commands(app) == {"demo", "experiment", "attack", "security-experiment", "merit"}
+    assert _commands(app) == {"demo", "experiment", "attack", "security-experiment", "merit",
+                                "simulate"}
     assert set(LAB_COMMANDS) == _commands(app)
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.startswith("ftis-lab ")

@@ -101,6 +101,18 @@ class RoundResult:
     metrics: dict[str, float]
 
 
+@dataclass
+class PendingBundle:
+    """A bundle made in a round's sampling phase (:meth:`VolunteerNode.sample`), not yet
+    submitted: the bundle to submit (after the hooks) and what the node learns from if
+    it is accepted (its own sampled completions, with their sampler log-probs)."""
+
+    bundle: bundle_pb2.Bundle
+    task_id: str
+    prompt_ids: list[int]
+    sampled: list[SampledCompletion]
+
+
 def report_metrics(conn: SwarmConnection, step: int, stats: dict[str, float],
                    feedback: list[swarm_pb2.SenderFeedback]) -> bool:
     """Send one round's metrics and feedback; ``False`` (logged, the node goes on) when
@@ -237,8 +249,26 @@ class VolunteerNode:
         return True
 
     # ------------------------------------------------------------------ one round
-    def _local_groups(self, stats: dict[str, float]) -> list[RolloutGroup]:
+    # A round is three phases, each ending where the next needs the coordinator's answer:
+    # :meth:`sample` (heartbeat, lease, generate: the bundles to submit), :meth:`submit`
+    # (submit them; the verified rewards make the local groups) and :meth:`learn` (pull,
+    # update, report). :meth:`run_round` runs them back to back; ftis-lab's simulator
+    # (``ftis-lab simulate``) runs each phase on a Flower message, so that the bundles of
+    # every learner are stored before any learner pulls.
+    def sample(self, stats: dict[str, float]) -> list[PendingBundle]:
+        """Phase 1: heartbeat, lease ``local_groups`` tasks, sample ``group_size``
+        completions per task and make the bundles (:meth:`make_bundle`, then the hooks).
+
+        Args:
+            stats: the round's metrics, filled in place (``reputation``,
+                ``generated_tokens``, ``generation_seconds``, ``tokens_per_second``).
+
+        Returns:
+            one :class:`PendingBundle` per leased task, in lease order.
+        """
         cfg, pol = self.config, self.policy
+        beat = self.conn.heartbeat(self.round)
+        stats["reputation"] = float(beat.reputation)
         leases = self.conn.lease_tasks(cfg.local_groups, cfg.group_size, cfg.max_new_tokens)
         prompts = [pol.prompt_token_ids([{"role": m.role, "content": m.content}
                                          for m in lease.messages]) for lease in leases]
@@ -249,12 +279,27 @@ class VolunteerNode:
         stats["generated_tokens"] = float(result.generated_tokens)
         stats["generation_seconds"] = result.seconds
         stats["tokens_per_second"] = result.generated_tokens / max(result.seconds, 1e-9)
+        return [PendingBundle(self.hooks.bundle(
+                    self.make_bundle(lease, prompt_ids, prompt_text, sampled),
+                    lease, prompt_ids, prompt_text), lease.task_id, prompt_ids, sampled)
+                for lease, (prompt_ids, prompt_text), sampled in zip(
+                    leases, prompts, result.completions, strict=True)]
+
+    def submit(self, pending: list[PendingBundle], stats: dict[str, float]
+               ) -> list[RolloutGroup]:
+        """Phase 2: submit each pending bundle (``hooks.submit``); the accepted ones
+        become local groups with the coordinator's verified rewards (a refused one is
+        counted in ``bundles_rejected`` and not learned from).
+
+        Args:
+            stats: filled in place (``reward_mean``: mean verified reward in [0, 1] over
+                the accepted completions, ``bundles_submitted``, ``bundles_rejected``,
+                ``bundle_bytes_per_token``, ``local_groups_informative``).
+        """
         groups, verified_all = [], []
         bundle_bytes, bundle_tokens = 0, 0
-        for lease, (prompt_ids, prompt_text), sampled in zip(
-                leases, prompts, result.completions, strict=True):
-            bundle = self.hooks.bundle(self.make_bundle(lease, prompt_ids, prompt_text, sampled),
-                                       lease, prompt_ids, prompt_text)
+        for item in pending:
+            bundle = item.bundle
             reply = self.hooks.submit(bundle)
             if reply is None:
                 stats["bundles_rejected"] = stats.get("bundles_rejected", 0.0) + 1
@@ -264,12 +309,17 @@ class VolunteerNode:
             verified = list(reply.verified_rewards)
             verified_all += verified
             groups.append(RolloutGroup(
-                prompt_ids=prompt_ids, completions=[c.token_ids for c in sampled],
-                gen_logprobs=[c.logprobs for c in sampled], rewards=verified, local=True,
-                sender=self.conn.node_id, policy_version=self.round, task_id=lease.task_id))
+                prompt_ids=item.prompt_ids, completions=[c.token_ids for c in item.sampled],
+                gen_logprobs=[c.logprobs for c in item.sampled], rewards=verified,
+                local=True, sender=self.conn.node_id, policy_version=self.round,
+                task_id=item.task_id))
         stats["reward_mean"] = sum(verified_all) / max(len(verified_all), 1)
         stats["bundles_submitted"] = float(len(groups))
         stats["bundle_bytes_per_token"] = bundle_bytes / max(bundle_tokens, 1)
+        # SAPO: groups whose rewards are all equal carry no advantage; they are counted
+        # apart (the learner drops them) and never shared as training signal
+        stats["local_groups_informative"] = float(sum(not g.reward_variance_zero
+                                                      for g in groups))
         return groups
 
     def make_bundle(self, lease: swarm_pb2.TaskLease, prompt_ids: list[int], prompt_text: str,
@@ -299,6 +349,19 @@ class VolunteerNode:
         return sender_feedback(self.learner.sender_stats, external, invalid, mismatched,
                                self.pool.drain_rejected_ids())
 
+    @property
+    def relay_fingerprint(self) -> str:
+        """The tokenizer fingerprint this node pulls bundles of: its own, or "" (every
+        family's) with cross-tokenizer learning on."""
+        return ("" if self.config.cross_tokenizer != "off"
+                else self.policy.card.tokenizer_fingerprint)
+
+    @property
+    def pulls(self) -> bool:
+        """Whether this node's rounds pull external groups (``external_groups > 0`` and
+        not on-policy)."""
+        return self.config.external_groups > 0 and self.config.method != "on_policy"
+
     def _pull_external(self) -> None:
         while True:
             # a coordinator that forgot this node (re-registered) has a new relay
@@ -307,10 +370,8 @@ class VolunteerNode:
             if registrations != self._registrations_seen:
                 self._registrations_seen = registrations
                 self.pool.cursor = 0
-            # with cross-tokenizer learning on, every family's bundles are wanted
-            fingerprint = ("" if self.config.cross_tokenizer != "off"
-                           else self.policy.card.tokenizer_fingerprint)
-            resp = self.conn.pull_bundles(self.pool.cursor, PULL_PAGE, fingerprint)
+            resp = self.conn.pull_bundles(self.pool.cursor, PULL_PAGE,
+                                          self.relay_fingerprint)
             for relayed in resp.bundles:
                 self.pool.add(relayed)
             self.pool.cursor = max(self.pool.cursor, resp.next_cursor)
@@ -320,17 +381,24 @@ class VolunteerNode:
     def run_round(self) -> RoundResult:
         """One round; returns its metrics (also appended to ``out/metrics.jsonl``)."""
         t0 = time.perf_counter()
-        cfg = self.config
         stats: dict[str, float] = {}
-        beat = self.conn.heartbeat(self.round)
-        stats["reputation"] = float(beat.reputation)
-        local = self._local_groups(stats)
-        # SAPO: groups whose rewards are all equal carry no advantage; they are counted
-        # apart (the learner drops them) and never shared as training signal
-        stats["local_groups_informative"] = float(sum(not g.reward_variance_zero
-                                                      for g in local))
+        local = self.submit(self.sample(stats), stats)
+        return self.learn(local, stats, t0)
+
+    def learn(self, local: list[RolloutGroup], stats: dict[str, float],
+              started: float) -> RoundResult:
+        """Phase 3: pull external groups, take the learner step on ``local`` plus them,
+        evaluate when due, report metrics and feedback, append ``metrics.jsonl``,
+        checkpoint when due.
+
+        Args:
+            local: :meth:`submit`'s groups.
+            stats: the round's metrics so far (completed in place).
+            started: ``time.perf_counter()`` at the round's start (``round_seconds``).
+        """
+        cfg = self.config
         external: list[RolloutGroup] = []
-        if cfg.external_groups > 0 and cfg.method != "on_policy":
+        if self.pulls:
             self._pull_external()
             external = self.pool.take(cfg.external_groups, cfg.max_groups_per_sender)
         stats["external_groups_used"] = float(len(external))
@@ -342,7 +410,7 @@ class VolunteerNode:
         last = cfg.rounds and self.round == cfg.rounds
         if self.eval_sets and (self.round % cfg.eval_every == 0 or last):
             stats.update(self.evaluate())
-        stats["round_seconds"] = time.perf_counter() - t0
+        stats["round_seconds"] = time.perf_counter() - started
         stats["peak_rss_mb"] = peak_rss_mb()
         stats["updates"] = float(self.learner.updates)
         if self.startup_seconds is not None:  # first round of this process only

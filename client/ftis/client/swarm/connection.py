@@ -95,6 +95,23 @@ class RetryPolicy:
         return self.max_outage_s is not None and failing_s + next_delay_s > self.max_outage_s
 
 
+def register_envelope(identity: NodeIdentity, card: bundle_pb2.ModelCard,
+                      display_name: str = "") -> bundle_pb2.SignedEnvelope:
+    """The signed ``register`` envelope of a RegisterRequest: ``card``, this client's
+    version, the time now (unix ms; the coordinator allows ``register_clock_skew_s``)."""
+    payload = swarm_pb2.RegisterPayload(
+        model_card=card, client_version=CLIENT_VERSION,
+        timestamp_ms=int(time.time() * 1000), display_name=display_name,
+    )
+    return seal("register", payload, identity)
+
+
+def tokenizer_upload_bytes(tokenizer_json: str) -> bytes:
+    """``tokenizer.json`` as UploadTokenizer carries it: gzip (level 6, no timestamp, so
+    the same text gives the same bytes)."""
+    return gzip.compress(tokenizer_json.encode(), compresslevel=6, mtime=0)
+
+
 def is_stored_acknowledgement(reply: swarm_pb2.SubmitBundleResponse, bundle_id: str) -> bool:
     """Whether ``reply`` is BUNDLE_REPLAYED for the payload whose SHA-256 is ``bundle_id``
     with the stored bundle's verified rewards: the coordinator already stored it (an
@@ -239,11 +256,7 @@ class SwarmConnection:
         return False
 
     def register(self) -> swarm_pb2.RegisterResponse:
-        payload = swarm_pb2.RegisterPayload(
-            model_card=self.card, client_version=CLIENT_VERSION,
-            timestamp_ms=int(time.time() * 1000), display_name=self.display_name,
-        )
-        env = seal("register", payload, self.identity)
+        env = register_envelope(self.identity, self.card, self.display_name)
         resp = self._call(self.stub.Register, swarm_pb2.RegisterRequest(envelope=env),
                           recover=False)
         if not resp.tokenizer_known and self.tokenizer_json is not None:
@@ -252,7 +265,7 @@ class SwarmConnection:
 
     def upload_tokenizer(self, tokenizer_json: str) -> None:
         """Upload ``tokenizer.json`` (gzip) for the card's tokenizer fingerprint."""
-        data = gzip.compress(tokenizer_json.encode(), compresslevel=6, mtime=0)
+        data = tokenizer_upload_bytes(tokenizer_json)
         self._call(self.stub.UploadTokenizer, swarm_pb2.UploadTokenizerRequest(
             node_id=self.node_id, fingerprint=self.card.tokenizer_fingerprint,
             tokenizer_json_gz=data), "UploadTokenizer", recover=False)

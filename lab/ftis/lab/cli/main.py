@@ -2,7 +2,8 @@
 
 ``demo`` (a local swarm and its report), ``experiment`` (experiment matrices), ``attack``
 (one misbehaving volunteer), ``security-experiment`` (every attacker against a local
-swarm) and ``merit`` (MERIT's conflict-aware split and one-shot merge). Honest nodes
+swarm), ``merit`` (MERIT's conflict-aware split and one-shot merge) and ``simulate``
+(N learners in Flower's simulation engine; needs ``make flower-env``). Honest nodes
 are still ``ftis-client start`` processes; only attackers run here.
 """
 
@@ -12,10 +13,10 @@ from typing import Annotated
 
 import typer
 
-from ftis.lab.cli import attack, demo, experiment, merit
+from ftis.lab.cli import attack, demo, experiment, merit, simulate
 
 #: Every command of ``ftis-lab``.
-LAB_COMMANDS = ("demo", "experiment", "attack", "security-experiment", "merit")
+LAB_COMMANDS = ("demo", "experiment", "attack", "security-experiment", "merit", "simulate")
 
 app = typer.Typer(help="FTIS research and security tooling (not for volunteers).",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -41,6 +42,7 @@ app.command("experiment")(experiment.experiment)
 app.command("attack")(attack.attack)
 app.command("security-experiment")(attack.security_experiment)
 app.add_typer(merit.app, name="merit")
+app.command("simulate")(simulate.simulate)
 
 if __name__ == "__main__":
     app()
