@@ -58,6 +58,8 @@ UNLIMITED_QUOTAS: dict[str, Any] = {
     "heartbeats_per_minute": 1e9,
     "connection_refusals_per_s": 1e9,
     "connection_refusal_burst": 1e9,
+    "host_refusals_per_s": 1e9,
+    "host_refusal_burst": 1e9,
 }
 
 
