@@ -137,6 +137,31 @@ def test_pulls_per_minute() -> None:
     coord.pull_bundles(node.node_id, 0, 8)
 
 
+def test_relay_bytes_per_minute_cut_pages_then_refuse() -> None:
+    """``pull_bytes_per_minute`` bounds the envelope bytes served to a node: a page is
+    cut to the bytes left (at least one bundle), then the node is refused RATE_LIMITED
+    until the bucket refills; another node has its own."""
+    clock = FakeClock()
+    coord = make_coordinator(clock, pull_bytes_per_minute=1 << 20)
+    sender, reader, other = register(coord), register(coord), register(coord)
+    leases = coord.lease_tasks(sender.node_id, 8, 2, 256)
+    for lease in leases:
+        coord.submit_bundle(seal_bundle(build_bundle(lease, sender, n_tokens=120), sender))
+    sizes = [b.size_bytes for b in coord.state.pull_bundles(
+        requester_id=other.node_id, cursor=0, limit=8, max_bytes=1 << 30)[0]]
+    assert len(sizes) == 8 and all(1500 < n < 4096 for n in sizes)
+    left = sizes[0] + sizes[1] + sizes[2] // 2
+    coord.ctx.quotas.charge_pull_bytes(reader.node_id, (1 << 20) - left)
+    page, cursor = coord.pull_bundles(reader.node_id, 0, 8)  # 2.5 bundles' bytes: 2 fit
+    assert len(page) == 2
+    page, cursor = coord.pull_bundles(reader.node_id, cursor, 8)  # half of one: one
+    assert len(page) == 1
+    assert _code(coord.pull_bundles, reader.node_id, cursor, 8) == ErrorCode.RATE_LIMITED
+    assert len(coord.pull_bundles(other.node_id, 0, 8)[0]) == 8
+    clock.advance(60 * (sizes[3] + sizes[4] + sizes[5] + sizes[6] // 2) / (1 << 20))
+    assert len(coord.pull_bundles(reader.node_id, cursor, 8)[0]) == 3
+
+
 def _register_via(service: SwarmService, identity: NodeIdentity, peer: str, now: int) -> int:
     request = swarm_pb2.RegisterRequest(envelope=register_envelope(identity, model_card(), now))
     return service.Register(request, FakeContext(peer)).error.code

@@ -93,6 +93,9 @@ class CoordinatorConfig(BaseSettings):
         tokenizer_cache_size: loaded tokenizers kept in memory (LRU).
         bundles_per_minute, bundle_bytes_per_minute: SubmitBundle quota per node.
         pulls_per_minute: PullBundles quota per node.
+        pull_bytes_per_minute: envelope bytes of relay pages served per node and minute
+            (a full page of 64 bundles of 8 x 256 tokens is about 1.5 MiB): a page is cut
+            to the bytes left, and a node with none left is refused RATE_LIMITED.
         reports_per_minute: ReportMetrics quota per node.
         heartbeats_per_minute: Heartbeat quota per node (clients send one every
             ``heartbeat_interval_s``).
@@ -162,6 +165,7 @@ class CoordinatorConfig(BaseSettings):
     bundles_per_minute: float = Field(default=120, gt=0)
     bundle_bytes_per_minute: int = Field(default=64 * MIB, ge=1024)
     pulls_per_minute: float = Field(default=600, gt=0)
+    pull_bytes_per_minute: int = Field(default=64 * MIB, ge=MIB)
     reports_per_minute: float = Field(default=60, gt=0)
     heartbeats_per_minute: float = Field(default=60, gt=0)
     connection_refusals_per_s: float = Field(default=10, gt=0)

@@ -10,7 +10,8 @@ Limits (all in :class:`~ftis.coordinator.config.CoordinatorConfig`):
 * SubmitBundle: ``bundles_per_minute`` and ``bundle_bytes_per_minute`` per node,
   checked right after the envelope signature verified and the sender is known, before
   the lease/structure/tokenizer/re-scoring checks → RATE_LIMITED;
-* PullBundles: ``pulls_per_minute`` per node → RATE_LIMITED;
+* PullBundles: ``pulls_per_minute`` and ``pull_bytes_per_minute`` (envelope bytes of
+  the relay pages served) per node → RATE_LIMITED; a page is cut to the bytes left;
 * ReportMetrics: ``reports_per_minute`` per node → RATE_LIMITED (each report may write
   up to 64 evidence rows);
 * UploadTokenizer: ``tokenizer_uploads_per_minute`` per node → RATE_LIMITED;
@@ -198,6 +199,7 @@ class Quotas:
     Args:
         pulls_per_minute, tokenizer_uploads_per_minute, reports_per_minute,
             heartbeats_per_minute: per-node limits.
+        pull_bytes_per_minute: envelope bytes of relay pages per node and minute.
         registrations_per_minute, registrations_per_host_per_minute: new node ids.
         clock: seconds.
     """
@@ -211,9 +213,11 @@ class Quotas:
         registrations_per_host_per_minute: float,
         reports_per_minute: float = 60.0,
         heartbeats_per_minute: float = 60.0,
+        pull_bytes_per_minute: float = float(64 << 20),
         clock: Seconds = time.monotonic,
     ) -> None:
         self.pulls = RateLimiter(pulls_per_minute, clock=clock)
+        self.pull_bytes = RateLimiter(pull_bytes_per_minute, clock=clock)
         self.tokenizer_uploads = RateLimiter(tokenizer_uploads_per_minute, clock=clock)
         self.registrations = RateLimiter(registrations_per_minute, clock=clock)
         self.registrations_per_host = RateLimiter(registrations_per_host_per_minute, clock=clock)
@@ -226,6 +230,16 @@ class Quotas:
 
     def admit_pull(self, node_id: str) -> bool:
         return self.pulls.try_take(node_id)
+
+    def pull_bytes_left(self, node_id: str) -> int:
+        """Envelope bytes of relay pages ``node_id`` may be served now (whole bytes)."""
+        return int(self.pull_bytes.available(node_id))
+
+    def charge_pull_bytes(self, node_id: str, size_bytes: int) -> None:
+        """Count ``size_bytes`` served to ``node_id`` (at most what was left: a page's
+        first bundle may exceed it, and the bucket never goes below empty)."""
+        self.pull_bytes.try_take(node_id, min(float(size_bytes),
+                                              self.pull_bytes.available(node_id)))
 
     def admit_report(self, node_id: str) -> bool:
         return self.reports.try_take(node_id)

@@ -310,7 +310,15 @@ class VolunteerNode:
             # with cross-tokenizer learning on, every family's bundles are wanted
             fingerprint = ("" if self.config.cross_tokenizer != "off"
                            else self.policy.card.tokenizer_fingerprint)
-            resp = self.conn.pull_bundles(self.pool.cursor, PULL_PAGE, fingerprint)
+            try:
+                resp = self.conn.pull_bundles(self.pool.cursor, PULL_PAGE, fingerprint)
+            except FtisError as exc:
+                # the relay quotas (pulls, bytes per minute) hold back a node catching up
+                # on a long relay: train on what the pool holds, pull the rest next round
+                if exc.code != ErrorCode.RATE_LIMITED:
+                    raise
+                log.info("relay pull held back (%s); pulling on next round", exc)
+                return
             for relayed in resp.bundles:
                 self.pool.add(relayed)
             self.pool.cursor = max(self.pool.cursor, resp.next_cursor)

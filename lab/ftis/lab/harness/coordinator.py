@@ -51,6 +51,7 @@ UNLIMITED_QUOTAS: dict[str, Any] = {
     "bundles_per_minute": 1e9,
     "bundle_bytes_per_minute": 1 << 50,
     "pulls_per_minute": 1e9,
+    "pull_bytes_per_minute": 1 << 50,
     "reports_per_minute": 1e9,
     "tokenizer_uploads_per_minute": 1e9,
     "registrations_per_minute": 1e9,
