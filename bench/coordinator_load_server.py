@@ -40,6 +40,7 @@ def coordinator_settings() -> dict:
         "bundles_per_minute": UNLIMITED,
         "bundle_bytes_per_minute": UNLIMITED * 1024,
         "pulls_per_minute": UNLIMITED,
+        "pull_bytes_per_minute": UNLIMITED * 1024,
         "max_outstanding_leases": UNLIMITED,
         "registrations_per_minute": UNLIMITED,
         "registrations_per_host_per_minute": UNLIMITED,

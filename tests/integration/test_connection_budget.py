@@ -198,3 +198,42 @@ def test_a_connection_with_64_requests_in_flight_is_bounded(server) -> None:
     assert len(beats) >= 10 and all(code == 0 for code, _ in beats)
     assert max(s for _, s in beats) < 0.5, beats
     honest_channel.close()
+
+
+@pytest.mark.parametrize("listener", ["aio", "threads"])
+def test_many_connections_of_one_host_share_the_hosts_budget(
+        listener: str, tmp_path: Path) -> None:
+    """An attacker that spreads its refusals over many connections (each starts with a
+    full bucket of 20; reconnecting gets a new one) is bounded by its host's budget (100
+    at once, 50 a second). Over real gRPC, with loopback not exempt so that this machine
+    is the attacker's host: 10 connections send 20 unparseable requests each, all at
+    once. The connections' own budgets would let all 200 be decoded; at most
+    100 + 50·t are, the rest answered RATE_LIMITED undecoded."""
+    assert (PRODUCTION.host_refusal_burst, PRODUCTION.host_refusals_per_s) == (100, 50)
+    budget = {k: getattr(PRODUCTION, k) for k in (
+        "connection_refusals_per_s", "connection_refusal_burst", "connection_delay_s",
+        "host_refusals_per_s", "host_refusal_burst")}
+    srv = CoordinatorServer(make_config(db=str(tmp_path / "coord.db"), swarm_server=listener,
+                                        host_refusal_exempt=[], **budget))
+    srv.start()
+    channels = [_channel(srv.address) for _ in range(10)]
+    try:
+        calls = [c.unary_unary("/ftis.v1.Swarm/SubmitBundle", request_serializer=None,
+                               response_deserializer=None) for c in channels]
+        for call in calls:  # connect every channel first (one decoded refusal each)
+            assert swarm_pb2.SubmitBundleResponse.FromString(
+                call(b"\xff" * 8, timeout=10)).error.code == ErrorCode.REQUEST_INVALID
+        t0 = time.perf_counter()
+        futures = [call.future(b"\xff" * 8, timeout=30) for call in calls for _ in range(19)]
+        codes = [swarm_pb2.SubmitBundleResponse.FromString(f.result()).error.code
+                 for f in futures]
+        elapsed = time.perf_counter() - t0
+    finally:
+        for channel in channels:
+            channel.close()
+        srv.stop(grace=1.0)
+    decoded = 10 + codes.count(ErrorCode.REQUEST_INVALID)
+    late = codes.count(ErrorCode.RATE_LIMITED)
+    assert decoded + late == 200
+    assert decoded <= 100 + 50 * elapsed + 1, (decoded, elapsed)
+    assert late >= 40, (decoded, late, elapsed)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from ftis.client.node.runner import PULL_PAGE, VolunteerNode
+from ftis.protocol.errors import ErrorCode, FtisError
 
 
 class _Conn:
@@ -66,3 +69,27 @@ def test_a_busy_coordinator_gets_the_same_bundle_once_more() -> None:
     except FtisError as err:
         assert err.code == ErrorCode.VERIFICATION_BUSY
     conn.close()
+
+
+class _LimitedConn(_Conn):
+    """Full pages until the relay quota runs out after ``pages``, then ``code``."""
+
+    def __init__(self, pages: int, code: ErrorCode) -> None:
+        super().__init__()
+        self.pages, self.code = pages, code
+
+    def pull_bundles(self, cursor: int, max_bundles: int, fingerprint: str):  # noqa: ANN201
+        if len(self.cursors) == self.pages:
+            raise FtisError(self.code, "more than 67108864 bytes of relay pages per minute")
+        self.cursors.append(cursor)
+        return SimpleNamespace(bundles=[object()] * PULL_PAGE, next_cursor=cursor + PULL_PAGE)
+
+
+def test_a_relay_quota_ends_the_rounds_pull_and_keeps_what_was_pulled() -> None:
+    conn = _LimitedConn(pages=2, code=ErrorCode.RATE_LIMITED)
+    node = _node(conn)
+    VolunteerNode._pull_external(node)  # type: ignore[arg-type]  # noqa: SLF001
+    assert conn.cursors == [40, 104] and node.pool.cursor == 168  # the next round goes on
+    conn = _LimitedConn(pages=1, code=ErrorCode.NODE_BANNED)
+    with pytest.raises(FtisError):  # other refusals still stop the round
+        VolunteerNode._pull_external(_node(conn))  # type: ignore[arg-type]  # noqa: SLF001

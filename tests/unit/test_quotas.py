@@ -137,6 +137,31 @@ def test_pulls_per_minute() -> None:
     coord.pull_bundles(node.node_id, 0, 8)
 
 
+def test_relay_bytes_per_minute_cut_pages_then_refuse() -> None:
+    """``pull_bytes_per_minute`` bounds the envelope bytes served to a node: a page is
+    cut to the bytes left (at least one bundle), then the node is refused RATE_LIMITED
+    until the bucket refills; another node has its own."""
+    clock = FakeClock()
+    coord = make_coordinator(clock, pull_bytes_per_minute=1 << 20)
+    sender, reader, other = register(coord), register(coord), register(coord)
+    leases = coord.lease_tasks(sender.node_id, 8, 2, 256)
+    for lease in leases:
+        coord.submit_bundle(seal_bundle(build_bundle(lease, sender, n_tokens=120), sender))
+    sizes = [b.size_bytes for b in coord.state.pull_bundles(
+        requester_id=other.node_id, cursor=0, limit=8, max_bytes=1 << 30)[0]]
+    assert len(sizes) == 8 and all(1500 < n < 4096 for n in sizes)
+    left = sizes[0] + sizes[1] + sizes[2] // 2
+    coord.ctx.quotas.charge_pull_bytes(reader.node_id, (1 << 20) - left)
+    page, cursor = coord.pull_bundles(reader.node_id, 0, 8)  # 2.5 bundles' bytes: 2 fit
+    assert len(page) == 2
+    page, cursor = coord.pull_bundles(reader.node_id, cursor, 8)  # half of one: one
+    assert len(page) == 1
+    assert _code(coord.pull_bundles, reader.node_id, cursor, 8) == ErrorCode.RATE_LIMITED
+    assert len(coord.pull_bundles(other.node_id, 0, 8)[0]) == 8
+    clock.advance(60 * (sizes[3] + sizes[4] + sizes[5] + sizes[6] // 2) / (1 << 20))
+    assert len(coord.pull_bundles(reader.node_id, cursor, 8)[0]) == 3
+
+
 def _register_via(service: SwarmService, identity: NodeIdentity, peer: str, now: int) -> int:
     request = swarm_pb2.RegisterRequest(envelope=register_envelope(identity, model_card(), now))
     return service.Register(request, FakeContext(peer)).error.code
@@ -440,3 +465,68 @@ def test_the_listener_is_chosen_in_config() -> None:
     assert connection_budget(aio).max_delayed is None
     with pytest.raises(ValueError):
         CoordinatorConfig(db="sqlite://", swarm_server="processes")
+
+
+def test_reconnecting_does_not_refill_the_hosts_budget() -> None:
+    """Host budget 100 at once, 50/s. An attacker opening a new connection after every
+    20 refusals spends its host's 100 in 5 connections; the 6th fresh connection of that
+    host is answered late at once, keyed by the host; another host and loopback are
+    untouched; 1 s later 50 refusals are back."""
+    clock = FakeClock()
+    budget = _budget(clock, host_refusals_per_s=50.0, host_burst=100.0)
+    for port in range(5):
+        conn = f"ipv4:203.0.113.7:{4000 + port}"
+        for _ in range(20):
+            assert budget.limited_key(conn) is None
+            budget.record_refusal(conn, ErrorCode.REQUEST_INVALID)
+        # its own bucket is empty first; after the 5th connection, the host's too
+        assert budget.limited_key(conn) == (conn if port < 4 else "203.0.113.7")
+    fresh = "ipv4:203.0.113.7:4005"
+    assert budget.limited_key(fresh) == "203.0.113.7" and budget.over_budget(fresh)
+    assert budget.limited_key("ipv4:203.0.113.8:4000") is None
+    # loopback is exempt by default: 200 refusals over 10 connections, each its own budget
+    for port in range(10):
+        for _ in range(20):
+            budget.record_refusal(f"ipv4:127.0.0.1:{port}", ErrorCode.REQUEST_INVALID)
+    assert budget.limited_key("ipv4:127.0.0.1:99") is None
+    assert budget.limited_key("ipv4:127.0.0.1:0") == "ipv4:127.0.0.1:0"
+    clock.advance(1.0)
+    assert budget.limited_key(fresh) is None
+    # an IPv6 /64 is one host
+    for i in range(100):
+        budget.record_refusal(f"ipv6:[2001:db8::{i:x}]:4000", ErrorCode.REQUEST_INVALID)
+    assert budget.limited_key("ipv6:[2001:db8::ffff]:1") == "2001:db8::/64"
+    assert budget.limited_key("ipv6:[2001:db8:0:1::1]:1") is None
+
+
+def test_a_hosts_late_answers_share_one_waiting_count() -> None:
+    """Over the host's budget, the delay grows with the host's waiting requests, whatever
+    connection they came on: the 32nd waits 0.25 × 32 / 16 = 0.5 s."""
+    budget = _budget(host_refusals_per_s=1.0, host_burst=1.0, delay_s=0.25, max_delayed=None)
+    budget.record_refusal("ipv4:198.51.100.1:1", ErrorCode.REQUEST_INVALID)
+    keys = [budget.limited_key(f"ipv4:198.51.100.1:{port}") for port in range(2, 34)]
+    assert set(keys) == {"198.51.100.1"}
+    delays = [budget.start_delay(key) for key in keys if key is not None]
+    assert delays[0] == 0.25 and delays[15] == 0.25 and delays[31] == pytest.approx(0.5)
+    assert budget.waiting("198.51.100.1") == 32
+    for key, delay in zip(keys, delays, strict=True):
+        budget.end_delay(key or "", delay)
+    assert budget.waiting("198.51.100.1") == 0
+
+
+def test_host_budget_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="both"):
+        ConnectionBudget(refusals_per_s=1, burst=1, delay_s=0, host_refusals_per_s=1.0)
+    with pytest.raises(ValueError, match="both"):
+        ConnectionBudget(refusals_per_s=1, burst=1, delay_s=0, host_refusals_per_s=0.0,
+                         host_burst=1.0)
+    config = CoordinatorConfig()
+    assert (config.host_refusals_per_s, config.host_refusal_burst) == (50, 100)
+    assert config.host_refusal_exempt == ["127.0.0.0/8", "::1/128"]
+    with pytest.raises(ValueError, match="not a network"):
+        CoordinatorConfig(host_refusal_exempt=["localhost"])
+    budget = connection_budget(CoordinatorConfig(host_refusal_exempt=[]))
+    assert budget.host_refusals is not None and budget.host_refusals.capacity == 100
+    for _ in range(100):
+        budget.record_refusal(f"ipv4:127.0.0.1:{_}", ErrorCode.REQUEST_INVALID)
+    assert budget.limited_key("ipv4:127.0.0.1:5000") == "127.0.0.1"

@@ -8,6 +8,7 @@ variables ``FTIS_COORDINATOR_<FIELD>`` (lists such as ``TASKS`` as JSON) > the
 from __future__ import annotations
 
 import contextvars
+import ipaddress
 import json
 import tomllib
 from pathlib import Path
@@ -92,6 +93,9 @@ class CoordinatorConfig(BaseSettings):
         tokenizer_cache_size: loaded tokenizers kept in memory (LRU).
         bundles_per_minute, bundle_bytes_per_minute: SubmitBundle quota per node.
         pulls_per_minute: PullBundles quota per node.
+        pull_bytes_per_minute: envelope bytes of relay pages served per node and minute
+            (a full page of 64 bundles of 8 x 256 tokens is about 1.5 MiB): a page is cut
+            to the bytes left, and a node with none left is refused RATE_LIMITED.
         reports_per_minute: ReportMetrics quota per node.
         heartbeats_per_minute: Heartbeat quota per node (clients send one every
             ``heartbeat_interval_s``).
@@ -102,6 +106,11 @@ class CoordinatorConfig(BaseSettings):
             (:class:`~ftis.coordinator.quotas.ConnectionBudget`).
         connection_delay_s: seconds a request over its connection's budget waits while at
             most 16 of that connection's requests wait (more: proportionally longer).
+        host_refusals_per_s, host_refusal_burst: the same budget for all connections of
+            one host together (an IPv4 address or an IPv6 /64), so that reconnecting does
+            not refill it; volunteers behind one NAT address share it, hence 5x the
+            connection's. ``host_refusal_exempt``: networks without a host budget
+            (default loopback: the machine's own processes).
         swarm_server: ``"threads"`` (default): the volunteer service runs on a
             thread-pool ``grpc.server``, at most half its threads waiting in refusal
             delays at once; ``"aio"``: on a ``grpc.aio`` server in an event-loop
@@ -156,11 +165,15 @@ class CoordinatorConfig(BaseSettings):
     bundles_per_minute: float = Field(default=120, gt=0)
     bundle_bytes_per_minute: int = Field(default=64 * MIB, ge=1024)
     pulls_per_minute: float = Field(default=600, gt=0)
+    pull_bytes_per_minute: int = Field(default=64 * MIB, ge=MIB)
     reports_per_minute: float = Field(default=60, gt=0)
     heartbeats_per_minute: float = Field(default=60, gt=0)
     connection_refusals_per_s: float = Field(default=10, gt=0)
     connection_refusal_burst: float = Field(default=20, gt=0)
     connection_delay_s: float = Field(default=0.25, ge=0, le=10)
+    host_refusals_per_s: float = Field(default=50, gt=0)
+    host_refusal_burst: float = Field(default=100, gt=0)
+    host_refusal_exempt: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
     swarm_server: Literal["aio", "threads"] = "threads"
     swarm_handler_threads: int = Field(default=32, ge=2, le=256)
     rescoring_workers: int = Field(default=1, ge=0, le=64)
@@ -177,6 +190,17 @@ class CoordinatorConfig(BaseSettings):
     @classmethod
     def _address(cls, value: str) -> str:
         parse_host_port(value)
+        return value
+
+    @field_validator("host_refusal_exempt")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"host_refusal_exempt: {network!r} is not a network "
+                                 f"(e.g. 127.0.0.0/8)") from exc
         return value
 
     @field_validator("max_group_size")

@@ -10,7 +10,8 @@ Limits (all in :class:`~ftis.coordinator.config.CoordinatorConfig`):
 * SubmitBundle: ``bundles_per_minute`` and ``bundle_bytes_per_minute`` per node,
   checked right after the envelope signature verified and the sender is known, before
   the lease/structure/tokenizer/re-scoring checks → RATE_LIMITED;
-* PullBundles: ``pulls_per_minute`` per node → RATE_LIMITED;
+* PullBundles: ``pulls_per_minute`` and ``pull_bytes_per_minute`` (envelope bytes of
+  the relay pages served) per node → RATE_LIMITED; a page is cut to the bytes left;
 * ReportMetrics: ``reports_per_minute`` per node → RATE_LIMITED (each report may write
   up to 64 evidence rows);
 * UploadTokenizer: ``tokenizer_uploads_per_minute`` per node → RATE_LIMITED;
@@ -175,6 +176,22 @@ def peer_host(peer: str) -> str:
     return peer
 
 
+#: Hosts no per-host refusal budget groups by default: this machine's own processes.
+LOOPBACK_NETWORKS = ("127.0.0.0/8", "::1/128")
+
+
+def host_in(host: str, networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+            ) -> bool:
+    """Whether ``host`` (a :func:`peer_host` string: an address or an IPv6 /64) lies in
+    one of ``networks``; hosts that are not addresses (``"unix"``) lie in none."""
+    try:
+        net = ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        return False
+    return any(net.version == n.version and net.subnet_of(n)  # type: ignore[arg-type]
+               for n in networks)
+
+
 class Quotas:
     """The per-process quotas of the coordinator (bundle quotas are counted in the
     database instead, so that they hold across worker processes: ``verify.check_quota``).
@@ -182,6 +199,7 @@ class Quotas:
     Args:
         pulls_per_minute, tokenizer_uploads_per_minute, reports_per_minute,
             heartbeats_per_minute: per-node limits.
+        pull_bytes_per_minute: envelope bytes of relay pages per node and minute.
         registrations_per_minute, registrations_per_host_per_minute: new node ids.
         clock: seconds.
     """
@@ -195,9 +213,11 @@ class Quotas:
         registrations_per_host_per_minute: float,
         reports_per_minute: float = 60.0,
         heartbeats_per_minute: float = 60.0,
+        pull_bytes_per_minute: float = float(64 << 20),
         clock: Seconds = time.monotonic,
     ) -> None:
         self.pulls = RateLimiter(pulls_per_minute, clock=clock)
+        self.pull_bytes = RateLimiter(pull_bytes_per_minute, clock=clock)
         self.tokenizer_uploads = RateLimiter(tokenizer_uploads_per_minute, clock=clock)
         self.registrations = RateLimiter(registrations_per_minute, clock=clock)
         self.registrations_per_host = RateLimiter(registrations_per_host_per_minute, clock=clock)
@@ -210,6 +230,16 @@ class Quotas:
 
     def admit_pull(self, node_id: str) -> bool:
         return self.pulls.try_take(node_id)
+
+    def pull_bytes_left(self, node_id: str) -> int:
+        """Envelope bytes of relay pages ``node_id`` may be served now (whole bytes)."""
+        return int(self.pull_bytes.available(node_id))
+
+    def charge_pull_bytes(self, node_id: str, size_bytes: int) -> None:
+        """Count ``size_bytes`` served to ``node_id`` (at most what was left: a page's
+        first bundle may exceed it, and the bucket never goes below empty)."""
+        self.pull_bytes.try_take(node_id, min(float(size_bytes),
+                                              self.pull_bytes.available(node_id)))
 
     def admit_report(self, node_id: str) -> bool:
         return self.reports.try_take(node_id)
@@ -261,6 +291,17 @@ class ConnectionBudget:
     hold worker threads sets ``max_delayed``: beyond that many waiting (all connections
     together) requests are answered at once, undecoded (threat model §5, item 12).
 
+    **Per host.** A connection starts with a full bucket, so an attacker that reconnects
+    after every ``burst`` refusals would escape the connection's budget. With
+    ``host_refusals_per_s`` and ``host_burst`` set, the refusals of all connections of one
+    host (:func:`peer_host`: an IPv4 address or an IPv6 /64) also share one bucket;
+    while it is empty, every connection of that host is answered late, and the delay's
+    waiting count is the host's (:meth:`limited_key`), so the host as a whole gets at
+    most ``waiting_per_delay / delay_s`` late answers a second on the event-loop server.
+    Volunteers behind one NAT address share that bucket: it is set several times the
+    connection's. Hosts in ``host_exempt`` (default: loopback, this machine's own
+    processes) have no host bucket.
+
     Honest nodes are refused rarely (a lease limit, a tokenizer upload asked for, a
     reward claim that differs); ``burst`` covers that. Codes the coordinator causes
     itself (VERIFICATION_BUSY, INTERNAL) are not counted (:data:`UNCOUNTED_CODES`).
@@ -273,21 +314,38 @@ class ConnectionBudget:
         max_delayed: requests waiting at once, all connections together, or ``None``
             for no cap.
         waiting_per_delay: waiting requests of one connection per ``delay_s`` of delay.
+        host_refusals_per_s, host_burst: the same for all connections of one host
+            together, or ``None`` (both) for no per-host budget.
+        host_exempt: networks (``"127.0.0.0/8"``) whose hosts have no host budget.
         clock: seconds.
 
     Raises:
-        ValueError: non-positive ``refusals_per_s``, ``burst``, ``max_delayed`` or
-            ``waiting_per_delay``, or a negative ``delay_s``.
+        ValueError: non-positive ``refusals_per_s``, ``burst``, ``max_delayed``,
+            ``waiting_per_delay``, ``host_refusals_per_s`` or ``host_burst``, only one of
+            the last two given, a negative ``delay_s``, or a ``host_exempt`` entry that
+            is not a network.
     """
 
     def __init__(self, *, refusals_per_s: float, burst: float, delay_s: float,
                  max_delayed: int | None = None, waiting_per_delay: int = 16,
+                 host_refusals_per_s: float | None = None, host_burst: float | None = None,
+                 host_exempt: tuple[str, ...] = LOOPBACK_NETWORKS,
                  clock: Seconds = time.monotonic) -> None:
         if (refusals_per_s <= 0 or burst <= 0 or waiting_per_delay <= 0 or delay_s < 0
                 or (max_delayed is not None and max_delayed <= 0)):
             raise ValueError("refusals_per_s, burst, max_delayed and waiting_per_delay "
                              "must be > 0, delay_s >= 0")
+        if (host_refusals_per_s is None) != (host_burst is None) or (
+                host_refusals_per_s is not None and host_burst is not None
+                and (host_refusals_per_s <= 0 or host_burst <= 0)):
+            raise ValueError("host_refusals_per_s and host_burst: both > 0, or both None")
         self.refusals = RateLimiter(burst, period_s=burst / refusals_per_s, clock=clock)
+        self.host_refusals = (
+            None if host_refusals_per_s is None or host_burst is None
+            else RateLimiter(host_burst, period_s=host_burst / host_refusals_per_s,
+                             clock=clock))
+        self.host_exempt = tuple(ipaddress.ip_network(n, strict=False) for n in host_exempt)
+        self._hosts: dict[str, str | None] = {}
         self.delay_s = delay_s
         self.max_delayed = max_delayed
         self.waiting_per_delay = waiting_per_delay
@@ -303,14 +361,48 @@ class ConnectionBudget:
         wait (``waiting_per_delay / delay_s``; infinite for ``delay_s`` 0)."""
         return self.waiting_per_delay / self.delay_s if self.delay_s > 0 else float("inf")
 
+    def _host(self, connection: str) -> str | None:
+        """``connection``'s host when it has a host budget, else ``None`` (memoised; the
+        memo is cleared at 4,096 entries)."""
+        if self.host_refusals is None:
+            return None
+        try:
+            return self._hosts[connection]
+        except KeyError:
+            pass
+        host: str | None = peer_host(connection)
+        if not host or host_in(host, self.host_exempt):
+            host = None
+        if len(self._hosts) >= 4096:
+            self._hosts.clear()
+        self._hosts[connection] = host
+        return host
+
+    def limited_key(self, connection: str) -> str | None:
+        """The key whose budget refuses ``connection``'s next request, or ``None`` when
+        it is served: its host (:func:`peer_host`) when the host's bucket is empty, else
+        the connection itself when its own bucket is. Pass the key to
+        :meth:`start_delay` and :meth:`end_delay`."""
+        host = self._host(connection)
+        if host is not None and self.host_refusals is not None \
+                and self.host_refusals.available(host) < 1.0:
+            return host
+        if self.refusals.available(connection) < 1.0:
+            return connection
+        return None
+
     def over_budget(self, connection: str) -> bool:
-        """Whether ``connection``'s next request is refused for its budget."""
-        return self.refusals.available(connection) < 1.0
+        """Whether ``connection``'s next request is refused for its (or its host's)
+        budget."""
+        return self.limited_key(connection) is not None
 
     def record_refusal(self, connection: str, code: int) -> None:
-        """Count a refusal (in-band ``code`` ≠ 0) against ``connection``."""
+        """Count a refusal (in-band ``code`` ≠ 0) against ``connection`` and its host."""
         if code and code not in UNCOUNTED_CODES:
             self.refusals.try_take(connection)
+            host = self._host(connection)
+            if host is not None and self.host_refusals is not None:
+                self.host_refusals.try_take(host)
 
     def delay_for(self, waiting: int) -> float:
         """Seconds a request waits when ``waiting`` requests of its connection (itself
@@ -318,8 +410,8 @@ class ConnectionBudget:
         return self.delay_s * max(1.0, waiting / self.waiting_per_delay)
 
     def waiting(self, connection: str) -> int:
-        """Requests of ``connection`` waiting now (between :meth:`start_delay` and
-        :meth:`end_delay`)."""
+        """Requests of ``connection`` (or of a host, :meth:`limited_key`) waiting now
+        (between :meth:`start_delay` and :meth:`end_delay`)."""
         with self._lock:
             return self._waiting.get(connection, 0)
 

@@ -370,8 +370,16 @@ class VolunteerNode:
             if registrations != self._registrations_seen:
                 self._registrations_seen = registrations
                 self.pool.cursor = 0
-            resp = self.conn.pull_bundles(self.pool.cursor, PULL_PAGE,
-                                          self.relay_fingerprint)
+            try:
+                resp = self.conn.pull_bundles(self.pool.cursor, PULL_PAGE,
+                                              self.relay_fingerprint)
+            except FtisError as exc:
+                # the relay quotas (pulls, bytes per minute) hold back a node catching up
+                # on a long relay: train on what the pool holds, pull the rest next round
+                if exc.code != ErrorCode.RATE_LIMITED:
+                    raise
+                log.info("relay pull held back (%s); pulling on next round", exc)
+                return
             for relayed in resp.bundles:
                 self.pool.add(relayed)
             self.pool.cursor = max(self.pool.cursor, resp.next_cursor)

@@ -276,6 +276,7 @@ class Context:
                              split=HeldoutSplit(config.heldout_fraction), part="train"),
             quotas=Quotas(
                 pulls_per_minute=config.pulls_per_minute,
+                pull_bytes_per_minute=config.pull_bytes_per_minute,
                 reports_per_minute=config.reports_per_minute,
                 heartbeats_per_minute=config.heartbeats_per_minute,
                 tokenizer_uploads_per_minute=config.tokenizer_uploads_per_minute,

@@ -40,23 +40,30 @@ def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
     branches existed.
 
     ``max_bundles`` is clamped to [1, 64]; a page also stops before exceeding
-    :data:`PULL_PAGE_BYTES` of envelopes (it always holds at least one bundle).
+    :data:`PULL_PAGE_BYTES` of envelopes, or the node's relay bytes left this minute
+    (``pull_bytes_per_minute``), whichever is less (it always holds at least one bundle).
 
     Raises:
-        FtisError: RATE_LIMITED (``pulls_per_minute``).
+        FtisError: RATE_LIMITED (``pulls_per_minute``, or no relay bytes left).
     """
     if not ctx.quotas.admit_pull(node.node_id):
         raise FtisError(ErrorCode.RATE_LIMITED,
                         f"more than {ctx.config.pulls_per_minute:g} pulls per minute; slow down")
+    bytes_left = ctx.quotas.pull_bytes_left(node.node_id)
+    if bytes_left < 1:
+        raise FtisError(ErrorCode.RATE_LIMITED,
+                        f"more than {ctx.config.pull_bytes_per_minute} bytes of relay pages "
+                        f"per minute; slow down")
     bundles, next_cursor = ctx.state.pull_bundles(
         requester_id=node.node_id,
         cursor=max(int(cursor), 0),
         limit=min(max(int(max_bundles), 1), MAX_PULL_BUNDLES),
-        max_bytes=PULL_PAGE_BYTES,
+        max_bytes=min(PULL_PAGE_BYTES, bytes_left),
         fingerprint=tokenizer_fingerprint,
         skip_zero_variance=skip_zero_variance,
         branch=node.branch,
     )
+    ctx.quotas.charge_pull_bytes(node.node_id, sum(b.size_bytes for b in bundles))
     now = ctx.clock()
     half_life = ctx.policy.half_life_s
     reputations = [

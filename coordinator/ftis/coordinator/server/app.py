@@ -77,6 +77,9 @@ def connection_budget(config: CoordinatorConfig) -> ConnectionBudget:
         refusals_per_s=config.connection_refusals_per_s,
         burst=config.connection_refusal_burst,
         delay_s=config.connection_delay_s,
+        host_refusals_per_s=config.host_refusals_per_s,
+        host_burst=config.host_refusal_burst,
+        host_exempt=tuple(config.host_refusal_exempt),
         max_delayed=(None if config.swarm_server == "aio"
                      else config.swarm_handler_threads // 2))
 

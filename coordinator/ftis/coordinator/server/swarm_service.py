@@ -203,7 +203,7 @@ _METHODS: dict[str, tuple[type, type]] = {
 def _over_budget_response(response_cls: type, budget: ConnectionBudget) -> Any:
     return response_cls(error=common_pb2.Error(
         code=ErrorCode.RATE_LIMITED,
-        reason=f"this connection's requests were refused more than "
+        reason=f"this connection's (or its host's) requests were refused more than "
                f"{budget.refusals.rate:g} times per second; slow down"))
 
 
@@ -250,7 +250,7 @@ def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
     """The handler the thread-pool server (``swarm_server = "threads"``) calls with the
     request's raw bytes. In order, before anything is decoded:
 
-    1. the connection is over its refusal budget → RATE_LIMITED, answered after the
+    1. the connection (or its host) is over its refusal budget → RATE_LIMITED, answered after the
        budget's delay (``time.sleep`` holds this worker thread, not the GIL; the budget's
        ``max_delayed`` bounds how many wait);
     2. more than ``limit`` bytes → REQUEST_TOO_LARGE;
@@ -261,12 +261,13 @@ def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
     def handle(data: bytes, context: Any) -> Any:
         started = time.perf_counter()
         connection = _connection(context)
-        if budget.over_budget(connection):
-            delay_s = budget.start_delay(connection)
+        limited = budget.limited_key(connection)
+        if limited is not None:
+            delay_s = budget.start_delay(limited)
             try:
                 time.sleep(delay_s)
             finally:
-                budget.end_delay(connection, delay_s)
+                budget.end_delay(limited, delay_s)
             return _late_answer(response_cls, budget, method, started)
         request, response = _decode(data, request_cls, response_cls, method, limit)
         if request is not None:
@@ -303,12 +304,13 @@ def _refusing_async(behavior: Callable[[Any, Any], Any], request_cls: type[Messa
     async def handle(data: bytes, context: Any) -> Any:
         started = time.perf_counter()
         connection = _connection(context)
-        if budget.over_budget(connection):
-            delay_s = budget.start_delay(connection)
+        limited = budget.limited_key(connection)
+        if limited is not None:
+            delay_s = budget.start_delay(limited)
             try:
                 await asyncio.sleep(delay_s)
             finally:
-                budget.end_delay(connection, delay_s)
+                budget.end_delay(limited, delay_s)
             return _late_answer(response_cls, budget, method, started)
         request, response = _decode(data, request_cls, response_cls, method, limit)
         if request is not None:

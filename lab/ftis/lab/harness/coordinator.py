@@ -51,6 +51,7 @@ UNLIMITED_QUOTAS: dict[str, Any] = {
     "bundles_per_minute": 1e9,
     "bundle_bytes_per_minute": 1 << 50,
     "pulls_per_minute": 1e9,
+    "pull_bytes_per_minute": 1 << 50,
     "reports_per_minute": 1e9,
     "tokenizer_uploads_per_minute": 1e9,
     "registrations_per_minute": 1e9,
@@ -58,6 +59,8 @@ UNLIMITED_QUOTAS: dict[str, Any] = {
     "heartbeats_per_minute": 1e9,
     "connection_refusals_per_s": 1e9,
     "connection_refusal_burst": 1e9,
+    "host_refusals_per_s": 1e9,
+    "host_refusal_burst": 1e9,
 }
 
 
