@@ -79,8 +79,8 @@ def test_audit_reports_what_training_would_without_updating(tiny_policy_factory)
 
     auditor = Learner(copy.deepcopy(pol.model), LearnerConfig(learning_rate=1e-2), 0)
     before = {n: p.detach().clone() for n, p in auditor.model.named_parameters()}
-    auditor.step([])
-    assert auditor.audit([_audit_group("newbie")]) == 2
+    m = auditor.step([], audit=[_audit_group("newbie")])
+    assert m["audit_completions"] == 2 and m["updated"] == 0.0
     got = auditor.sender_stats["newbie"]
     assert all(torch.equal(p, before[n]) for n, p in auditor.model.named_parameters())
     assert auditor.updates == 0

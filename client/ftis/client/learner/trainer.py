@@ -78,8 +78,15 @@ class Learner:
         logits = out.logits[:, :-1, :]
         return completion_logprobs(logits, batch.targets, self.config.loss.temperature)
 
-    def step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+    def step(self, groups: list[RolloutGroup],
+             audit: list[RolloutGroup] | None = None) -> dict[str, float]:
         """One optimizer step on ``groups``; returns metrics (floats).
+
+        ``audit``: audit-only groups (senders on the coordinator's audit-based
+        probation): never trained on (nor is any group in ``groups`` whose
+        ``meta["audit_only"]`` is set); their log-ratio statistics are recorded in
+        :attr:`sender_stats` by :meth:`audit` with the weights before the update, as a
+        trained external group's are (metric ``audit_completions``).
 
         ``on_policy`` ignores external groups. Micro-batches never mix local and external
         samples so their statistics can be reported separately. Micro-batch losses are
@@ -106,7 +113,9 @@ class Learner:
             groups = [g for g in groups if g.local]
         samples = groups_to_samples(groups, cfg.scale_advantages_by_std)
         self.sender_stats = {}
+        audited = self.audit(audit) if audit else 0
         metrics: dict[str, float] = {
+            "audit_completions": float(audited),
             "groups_local": float(sum(g.local for g in groups)),
             "groups_external": float(sum(not g.local for g in groups)),
             "groups_zero_variance": float(sum(g.reward_variance_zero for g in groups)),
@@ -202,10 +211,11 @@ class Learner:
         """Log-ratio statistics of audit-only groups without training on them
         (docs/reputation.md "Audit-based probation"): one forward pass without gradients
         per micro-batch, the per-completion ``lp_learner - lp_gen`` sums and the F-TIS
-        gate decisions recorded in :attr:`sender_stats` exactly as :meth:`step` records
-        a trained external group's (the feedback the coordinator judges). Call it after
-        :meth:`step`, which resets the statistics. Cross-tokenizer groups are skipped
-        (no token-level log-ratio exists). Nothing is updated.
+        gate decisions added to :attr:`sender_stats` exactly as :meth:`step` records a
+        trained external group's (the feedback the coordinator judges). :meth:`step`
+        resets the statistics and then calls this on its ``audit`` groups, before the
+        update. Cross-tokenizer groups are skipped (no token-level log-ratio exists).
+        Nothing is updated.
 
         Returns:
             the completions audited.

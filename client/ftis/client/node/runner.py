@@ -342,10 +342,9 @@ class VolunteerNode:
         stats["external_pool_size"] = float(len(self.pool.groups))
         stats["external_cross_tokenizer_groups"] = float(sum(g.cross_tokenizer
                                                              for g in external))
-        stats.update(self.learner.step(local + external))
         stats["audit_groups"] = float(len(audits))
-        if audits:  # statistics only, never trained on
-            stats["audit_completions"] = float(self.learner.audit(audits))
+        # audit-only groups: statistics only, never trained on
+        stats.update(self.learner.step(local + external, audit=audits))
         self.round += 1
         last = cfg.rounds and self.round == cfg.rounds
         if self.eval_sets and (self.round % cfg.eval_every == 0 or last):

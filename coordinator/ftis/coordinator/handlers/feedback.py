@@ -209,17 +209,19 @@ def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEn
 
 
 def audit_verdicts(entries: list[FeedbackEntry], counted: list[list[str]],
-                   senders: dict[str, NodeRecord | None],
+                   senders: dict[str, NodeRecord | None], reporter_fingerprint: str,
                    cfg: reputation.ReputationConfig) -> dict[str, bool]:
     """An established reporter's audit verdicts (pure; docs/reputation.md "Audit-based
     probation"): ``{sender: plausible}`` for each entry about a sender on probation
-    (:func:`reputation.in_probation`) that names at least one bundle relayed to this
+    (:func:`reputation.in_probation`) with the reporter's own tokenizer fingerprint (the
+    only receivers audit-only bundles are relayed to; a counted bundle id alone only
+    proves a relay sequence was served) that names at least one bundle relayed to this
     reporter and not counted before (``counted``) and judges something
     (:func:`reputation.audit_judgement`). A later entry about the same sender wins."""
     out: dict[str, bool] = {}
     for f, ids in zip(entries, counted, strict=True):
         sender = senders.get(f.sender_id)
-        if sender is None or not ids:
+        if sender is None or not ids or sender.fingerprint != reporter_fingerprint:
             continue
         if not reputation.in_probation(sender.bundles_accepted, sender.audit_status, cfg):
             continue
@@ -235,7 +237,7 @@ def _record_audits(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEnt
     """Store the report's audit verdicts and re-decide the senders' audits; a sender whose
     audit turns to failed gets :func:`reputation.audit_failed_evidence` once."""
     policy = ctx.policy
-    verdicts = audit_verdicts(entries, counted, senders, policy)
+    verdicts = audit_verdicts(entries, counted, senders, reporter.fingerprint, policy)
     if not verdicts:
         return
     changes = ctx.state.record_audits(

@@ -97,9 +97,9 @@ def test_audit_failed_evidence_is_heavy_enough_to_quarantine_a_new_node() -> Non
     assert after.quarantined and rep.score(after.good, after.bad) == pytest.approx(3 / 8)
 
 
-def _node(node_id: str, bundles: int, audit: int) -> NodeRecord:
+def _node(node_id: str, bundles: int, audit: int, fingerprint: str = "f") -> NodeRecord:
     return NodeRecord(node_id=node_id, public_key=b"", display_name="", model_card=b"",
-                      fingerprint="f", vocab_size=10, client_version="",
+                      fingerprint=fingerprint, vocab_size=10, client_version="",
                       registered_at_ms=0, last_seen_ms=0, policy_version=0, banned=False,
                       ban_reason="", bundles_accepted=bundles, bundles_rejected=0,
                       reward_mismatches=0, completions=0, completion_tokens=0,
@@ -109,12 +109,15 @@ def _node(node_id: str, bundles: int, audit: int) -> NodeRecord:
 def test_audit_verdicts_only_for_senders_on_probation_with_counted_bundles() -> None:
     senders = {"new": _node("new", 2, PENDING), "old": _node("old", 9, PASSED),
                "bad": _node("bad", 3, PENDING), "quiet": _node("quiet", 1, PENDING),
-               "uncounted": _node("uncounted", 1, PENDING), "gone": None}
+               "uncounted": _node("uncounted", 1, PENDING), "gone": None,
+               "foreign": _node("foreign", 1, PENDING, fingerprint="g")}
     entries = [_entry(sender="new"), _entry(sender="old"), _entry(sender="bad", mean=-5.0),
                _entry(sender="quiet", completions=0), _entry(sender="uncounted"),
-               _entry(sender="gone")]
-    counted = [["b1"], ["b2"], ["b3"], ["b4"], [], ["b6"]]
-    assert audit_verdicts(entries, counted, senders, K2) == {"new": True, "bad": False}
+               _entry(sender="gone"), _entry(sender="foreign")]
+    counted = [["b1"], ["b2"], ["b3"], ["b4"], [], ["b6"], ["b8"]]
+    assert audit_verdicts(entries, counted, senders, "f", K2) == {"new": True, "bad": False}
+    # a reporter of another tokenizer judges only that tokenizer's senders
+    assert audit_verdicts(entries, counted, senders, "g", K2) == {"foreign": True}
     # a later entry about the same sender wins
     assert audit_verdicts([_entry(sender="new"), _entry(sender="new", mean=-3.0)],
-                          [["b1"], ["b7"]], senders, K2) == {"new": False}
+                          [["b1"], ["b7"]], senders, "f", K2) == {"new": False}
