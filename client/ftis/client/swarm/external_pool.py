@@ -142,7 +142,8 @@ class ExternalPool:
                 self.rejected_ids_by_sender.setdefault(sender, []).append(relayed.bundle_id)
             log.warning("dropping relayed bundle %s: %s", relayed.bundle_id, exc)
             return False
-        meta = {"bundle_id": relayed.bundle_id, "base_model": bundle.model_card.base_model}
+        meta: dict[str, object] = {"bundle_id": relayed.bundle_id,
+                                   "base_model": bundle.model_card.base_model}
         if relayed.audit_only:
             meta["audit_only"] = True
         group = RolloutGroup.from_bundle(bundle, relayed.verified_rewards, local=False,
@@ -217,7 +218,7 @@ class ExternalPool:
     def take_audits(self, count: int) -> list[RolloutGroup]:
         """Remove and return up to ``count`` audit-only groups, oldest first (never
         trained on: :meth:`Learner.audit` computes their log-ratio statistics)."""
-        out = []
+        out: list[RolloutGroup] = []
         while self.audits and len(out) < count:
             out.append(self.audits.popleft())
         return out
