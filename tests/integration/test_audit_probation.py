@@ -33,6 +33,7 @@ from ftis.client.node.runner import sender_feedback
 from ftis.client.swarm.external_pool import ExternalPool
 from ftis.coordinator import reputation
 from ftis.coordinator.server.app import CoordinatorServer
+from ftis.coordinator.state.base import AuditRelay
 from ftis.lab.harness.coordinator import (
     VOCAB,
     load_tokenizer,
@@ -312,3 +313,67 @@ def test_fresh_or_unaudited_identities_cannot_corroborate(
     for sybil in (*fresh, counted):
         assert world.in_probation(sybil)
     _assert_honest_kept_their_reputation(world, before)
+
+
+def test_volunteer_nodes_audit_a_newcomer_in_their_round_loop(tmp_path: Path,
+                                                              tiny_model_dir: Path,
+                                                              tiny_policy_factory) -> None:
+    """The real client round loop (``VolunteerNode.run_round``) with k = 1: a seeded,
+    established receiver R is relayed a newcomer N's bundles audit-only, trains on none
+    of them, audits them (its bundles have zero reward variance with a random tiny model:
+    relayed for audit all the same) and reports; N is released; afterwards N's bundles
+    are relayed to anyone, for training."""
+    import random
+
+    from ftis.client.node.config import ClientConfig
+    from ftis.client.node.runner import VolunteerNode
+    from ftis.client.swarm.connection import RetryPolicy, SwarmConnection
+
+    keys = {name: tmp_path / name / "node_key.pem" for name in ("r", "n")}
+    ids = {name: NodeIdentity.load_or_create(key) for name, key in keys.items()}
+    server = CoordinatorServer(make_config(
+        db=str(tmp_path / "coordinator.db"), tasks=[{"dataset": "letter_counting"}],
+        reputation={"reporter_maturity_s": 0, "audit_reporters": 1, "probation_bundles": 2},
+        audit_seed_nodes=[ids["r"].node_id]))
+    server.start()
+    try:
+        def node(name: str) -> VolunteerNode:
+            policy = tiny_policy_factory()
+            cfg = ClientConfig(coordinator=server.address, model=str(tiny_model_dir),
+                               rounds=0, local_groups=2, external_groups=2, group_size=4,
+                               max_new_tokens=8, learning_rate=1e-4, out=tmp_path / name,
+                               key_file=keys[name])
+            conn = SwarmConnection(server.address, ids[name], policy.card,
+                                   tokenizer_json=policy.tokenizer_json,
+                                   retry=RetryPolicy(base_s=0.05, cap_s=0.5, max_outage_s=30),
+                                   rng=random.Random(0))
+            conn.register()
+            return VolunteerNode(cfg, policy, conn)
+
+        r, n = node("r"), node("n")
+        state, policy = server.state, server.ctx.policy
+
+        def record(v: VolunteerNode):  # noqa: ANN202
+            got = state.get_node(v.conn.node_id)
+            assert got is not None
+            return got
+
+        r.run_round()  # R: 2 verified bundles, seeded: established
+        assert not reputation.in_probation(record(r).bundles_accepted, record(r).audit_status,
+                                           policy)
+        n.run_round()  # N: 2 verified bundles, audit pending
+        assert record(n).bundles_accepted == 2 and record(n).audit_status == 0
+        result = r.run_round()  # R: relayed N's bundles audit-only, audits, reports
+        assert result.metrics["audit_groups"] == 2 and result.metrics["external_groups_used"] == 0
+        assert result.metrics["audit_completions"] == 8
+        assert state.audit_reports(n.conn.node_id) == {r.conn.node_id: True}
+        assert record(n).audit_status == reputation.AUDIT_PASSED
+        n.run_round()  # released: N's bundles are relayed for training, to anyone
+        result = r.run_round()
+        assert result.metrics["audit_groups"] == 0
+        page, _ = state.pull_bundles(
+            requester_id="0" * 32, cursor=0, limit=64, max_bytes=10**7,
+            audit=AuditRelay(2, established=False, fingerprint=record(n).fingerprint))
+        assert [b.audit_only for b in page if b.node_id == n.conn.node_id] == [False] * 4
+    finally:
+        server.stop(grace=1.0)

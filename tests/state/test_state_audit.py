@@ -85,7 +85,18 @@ def test_relay_of_senders_on_audit_probation(state: SqlState) -> None:
     # the count still matters: "old" with 2 bundles is on probation under probation_bundles 3
     assert page(AuditRelay(3, established=True, fingerprint=FP_A)) == [
         (n1, True), (o2, True), (o4, True)]
-    # a passed audit of the newbie: relayed to all, for training (count 1 >= 1)
+    # zero reward variance: skipped for training, still relayed for audit
+    z5 = _stored(state, newbie, 5, rewards=(1.0, 1.0))
+    o6 = _stored(state, old, 6, rewards=(1.0, 1.0))
+    got, _ = state.pull_bundles(requester_id=reader, cursor=4, limit=10, max_bytes=10**6,
+                                skip_zero_variance=True,
+                                audit=AuditRelay(2, established=True, fingerprint=FP_A))
+    assert [(r.bundle_id, r.audit_only) for r in got] == [(z5, True)]
+    got, _ = state.pull_bundles(requester_id=reader, cursor=4, limit=10, max_bytes=10**6,
+                                skip_zero_variance=True,
+                                audit=AuditRelay(2, established=False, fingerprint=FP_A))
+    assert got == [] and o6
+    # a passed audit of the newbie: relayed to all, for training (count 2 >= 1)
     state.set_audit_status(newbie, reputation.AUDIT_PASSED)
     assert page(AuditRelay(1, established=False, fingerprint=FP_A)) == [
-        (n1, False), (o2, False), (o4, False)]
+        (n1, False), (o2, False), (o4, False), (z5, False), (o6, False)]

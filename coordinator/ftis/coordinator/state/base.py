@@ -245,7 +245,8 @@ class AuditRelay:
     A sender is on probation when it has fewer than ``probation_bundles`` verified
     bundles or its ``audit_status`` is not passed. A requester that is not
     ``established`` gets none of their bundles; an established one gets those whose
-    tokenizer fingerprint is ``fingerprint`` (its own), marked ``audit_only``.
+    tokenizer fingerprint is ``fingerprint`` (its own), marked ``audit_only``, even
+    zero-variance ones when the page skips zero variance (an audit compares log-probs).
     """
 
     probation_bundles: int

@@ -490,7 +490,8 @@ class _Hot:
         senders on probation (fewer than ``probation_bundles`` verified bundles or an
         audit not passed) are left out; 2 it is established, their bundles are included
         only with the requester's own fingerprint ``audit_fp`` and marked
-        ``audit_only``."""
+        ``audit_only``, zero-variance ones too (``skip_zero_variance`` spares only
+        trainable groups: an audit compares log-probs, whatever the rewards)."""
         b, lz, rp, nd = _Hot.bundles, _Hot.leases, _Hot.reps, _Hot.nodes
         probation = or_(nd.c.bundles_accepted < bindparam("probation_bundles"),
                         nd.c.audit_status != reputation.AUDIT_PASSED)
@@ -515,8 +516,9 @@ class _Hot:
         )
         if fingerprint:
             query = query.where(b.c.fingerprint == bindparam("fingerprint"))
-        if skip_zero_variance:
-            query = query.where(b.c.zero_variance.is_(False))
+        if skip_zero_variance:  # an audit compares log-probs: rewards do not matter
+            query = query.where(or_(b.c.zero_variance.is_(False), probation) if audit == 2
+                                else b.c.zero_variance.is_(False))
         if branch:
             query = query.where(lz.c.branch == bindparam("branch"))
         if audit == 1:
