@@ -73,7 +73,8 @@ OPERATOR_RESET = "operator_reset"
 #: Audit-based probation (``audit_reporters`` > 0): ``audit_reporters`` independent
 #: established receivers judged the node's log-probs implausible while it was on
 #: probation (:func:`audit_status`). Written once, when the audit turns to failed; as
-#: heavy as a failed spot check (one quarantines a node on probation), no proof, no ban.
+#: heavy as a failed spot check (alone it quarantines a node with at most 3 verified
+#: bundles; the node stays on probation either way), no proof, no ban.
 AUDIT_FAILED = "audit_failed"
 WEIGHT_AUDIT_FAILED = -4.0
 
