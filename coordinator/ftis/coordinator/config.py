@@ -139,6 +139,11 @@ class CoordinatorConfig(BaseSettings):
             no model).
         reputation: the reputation policy (:class:`ReputationConfig`); once changed
             through the admin API the stored value in the ``settings`` table wins.
+        audit_seed_nodes: node ids whose audit counts as passed (set when they register)
+            under audit-based probation (``reputation.audit_reporters`` > 0): the
+            operator's bootstrap, since audits need established receivers of the same
+            tokenizer and a new swarm has none (docs/reputation.md "Audit-based
+            probation"). Seeds still need ``probation_bundles`` verified bundles.
     """
 
     model_config = SettingsConfigDict(env_prefix="FTIS_COORDINATOR_", extra="forbid")
@@ -185,6 +190,7 @@ class CoordinatorConfig(BaseSettings):
     max_receive_message_bytes: int = Field(default=0, ge=0)
     spot_checks: SpotCheckSettings = Field(default_factory=SpotCheckSettings)
     reputation: ReputationConfig = Field(default_factory=ReputationConfig)
+    audit_seed_nodes: list[str] = Field(default_factory=list, max_length=1024)
 
     @field_validator("listen", "admin_listen")
     @classmethod

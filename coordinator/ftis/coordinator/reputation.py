@@ -70,6 +70,19 @@ FALSE_REPORT = "false_report"
 WEIGHT_FALSE_REPORT = -3.0
 #: Operator ``unban``: bad evidence reset to 0 (recorded with the removed amount).
 OPERATOR_RESET = "operator_reset"
+#: Audit-based probation (``audit_reporters`` > 0): ``audit_reporters`` independent
+#: established receivers judged the node's log-probs implausible while it was on
+#: probation (:func:`audit_status`). Written once, when the audit turns to failed; as
+#: heavy as a failed spot check (alone it quarantines a node with at most 3 verified
+#: bundles; the node stays on probation either way), no proof, no ban.
+AUDIT_FAILED = "audit_failed"
+WEIGHT_AUDIT_FAILED = -4.0
+
+#: A node's audit state (``nodes.audit_status``): no verdict yet, passed (k established
+#: receivers judged its log-probs plausible), failed (k judged them implausible).
+AUDIT_PENDING = 0
+AUDIT_PASSED = 1
+AUDIT_FAILED_STATUS = -1
 
 #: A quarantined node is released once its score exceeds its threshold by this much.
 RECOVERY_MARGIN = 0.05
@@ -109,6 +122,13 @@ class ReputationConfig:
         shift_z: standard errors of margin before a shift counts (one-sided).
         shift_min_completions: token-aligned completions a report needs before its
             shift is tested (the standard error of fewer is unreliable); 0 = off.
+        audit_reporters: audit-based probation (docs/reputation.md "Audit-based
+            probation"): 0 (default) = off, probation ends on ``probation_bundles``
+            verified bundles as before; k >= 1 = probation also needs k distinct
+            established receivers of the node's tokenizer to have judged its log-probs
+            plausible from audit-only relays (:func:`audit_status`), and until then its
+            bundles are relayed only to established receivers of its tokenizer, marked
+            audit-only (not trained on).
     """
 
     quarantine_threshold: float = 0.3
@@ -126,6 +146,7 @@ class ReputationConfig:
     shift_margin: float = 0.05
     shift_z: float = 3.0
     shift_min_completions: int = 8
+    audit_reporters: int = 0
 
     def __post_init__(self) -> None:
         problems = validate(self)
@@ -180,6 +201,8 @@ def validate(cfg: ReputationConfig) -> list[str]:
     if not (isinstance(cfg.shift_min_completions, int) and cfg.shift_min_completions >= 0):
         problems.append(f"shift_min_completions must be an int >= 0, got "
                         f"{cfg.shift_min_completions}")
+    if not (isinstance(cfg.audit_reporters, int) and 0 <= cfg.audit_reporters <= 64):
+        problems.append(f"audit_reporters must be an int in [0, 64], got {cfg.audit_reporters}")
     return problems
 
 
@@ -230,6 +253,76 @@ def current_score(standing: Standing, now_ms: int, half_life_s: float) -> float:
 def on_probation(verified_bundles: int, cfg: ReputationConfig) -> bool:
     """New nodes (fewer than ``probation_bundles`` verified bundles) are on probation."""
     return verified_bundles < cfg.probation_bundles
+
+
+def in_probation(verified_bundles: int, audit: int, cfg: ReputationConfig) -> bool:
+    """Probation as relay, reporting and spot checks see it: fewer than
+    ``probation_bundles`` verified bundles, or (audit-based probation,
+    ``audit_reporters`` > 0) an audit that has not passed (``audit`` is the node's
+    :data:`AUDIT_PENDING` / :data:`AUDIT_PASSED` / :data:`AUDIT_FAILED_STATUS`).
+
+    The quarantine *threshold* (:func:`threshold`) stays on the count alone: an audit
+    does not change how strictly a node's own evidence is judged, only who may learn
+    from its bundles and whose reports count.
+    """
+    if on_probation(verified_bundles, cfg):
+        return True
+    return cfg.audit_reporters > 0 and audit != AUDIT_PASSED
+
+
+def established(verified_bundles: int, audit: int, quarantined: bool, banned: bool,
+                cfg: ReputationConfig) -> bool:
+    """Past probation (:func:`in_probation`), not quarantined, not banned: a node whose
+    reports count and who may receive audit-only bundles."""
+    return not (banned or quarantined or in_probation(verified_bundles, audit, cfg))
+
+
+def audit_judgement(f: FeedbackEntry, cfg: ReputationConfig) -> bool | None:
+    """One established receiver's audit of a sender on probation, from the statistics it
+    already reports as feedback (pure): ``True`` plausible, ``False`` implausible,
+    ``None`` no judgement.
+
+    Implausible when the log-ratio statistics fail the feedback plausibility rule
+    (``|mean_log_ratio| > log_ratio_tolerance``, ``filtered_frac > filtered_frac_limit``
+    or a one-sided shift, :func:`shift_detected`). Plausible only when that rule passes
+    on at least one token-aligned completion (``log_ratio_completions`` >= 1): a report
+    without log-ratio statistics (cross-tokenizer, older clients, no bundle learned)
+    judges nothing. Text-mismatch and invalid-bundle claims are not audit verdicts (the
+    coordinator checks text itself; they stay ordinary feedback).
+    """
+    if f.log_ratio_completions < 1:
+        return None
+    implausible = (
+        abs(f.mean_log_ratio) > cfg.log_ratio_tolerance
+        or f.filtered_frac > cfg.filtered_frac_limit
+        or shift_detected(f.mean_log_ratio, f.log_ratio_stderr, f.log_ratio_completions, cfg)
+    )
+    return not implausible
+
+
+def audit_status(plausible_reporters: int, implausible_reporters: int,
+                 cfg: ReputationConfig) -> int:
+    """A sender's audit from the distinct established reporters whose latest verdict on
+    it is plausible / implausible (pure): :data:`AUDIT_FAILED_STATUS` when at least
+    ``audit_reporters`` say implausible (failure wins a tie: both at k), else
+    :data:`AUDIT_PASSED` when at least ``audit_reporters`` say plausible, else
+    :data:`AUDIT_PENDING`. With ``audit_reporters`` = 0 (off) every node counts as
+    passed."""
+    k = cfg.audit_reporters
+    if k <= 0:
+        return AUDIT_PASSED
+    if implausible_reporters >= k:
+        return AUDIT_FAILED_STATUS
+    if plausible_reporters >= k:
+        return AUDIT_PASSED
+    return AUDIT_PENDING
+
+
+def audit_failed_evidence(sender_id: str, implausible: int, bundle_id: str = "") -> Evidence:
+    """The one-off negative evidence when a sender's audit turns to failed."""
+    return Evidence(AUDIT_FAILED, WEIGHT_AUDIT_FAILED,
+                    f"audit failed: {implausible} established receivers judged the "
+                    f"log-probs of {sender_id[:64]} implausible", bundle_id=bundle_id)
 
 
 def threshold(verified_bundles: int, cfg: ReputationConfig) -> float:
@@ -375,7 +468,7 @@ def capped(weight: float, already_used: float, cfg: ReputationConfig,
 
 
 def reporter_factor(reporter: Standing, verified_bundles: int, registered_at_ms: int,
-                    now_ms: int, cfg: ReputationConfig) -> float:
+                    now_ms: int, cfg: ReputationConfig, audit: int = AUDIT_PASSED) -> float:
     """How much a reporter's feedback counts, in [0, 1] (docs/reputation.md "Who may
     report").
 
@@ -383,9 +476,10 @@ def reporter_factor(reporter: Standing, verified_bundles: int, registered_at_ms:
     bundles of its own) or quarantined, so fresh identities move nobody; otherwise
     ``min(1, age / reporter_maturity_s)`` with ``age = now - registered_at`` (a
     maturity of 0 means full weight at once). The reporter's score multiplies it in
-    :func:`feedback_weight`.
+    :func:`feedback_weight`. With audit-based probation (``audit_reporters`` > 0) a
+    reporter whose own ``audit`` has not passed is on probation too.
     """
-    if on_probation(verified_bundles, cfg) or reporter.quarantined:
+    if in_probation(verified_bundles, audit, cfg) or reporter.quarantined:
         return 0.0
     if cfg.reporter_maturity_s <= 0:
         return 1.0

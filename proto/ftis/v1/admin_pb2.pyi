@@ -74,7 +74,7 @@ class Evidence(_message.Message):
     def __init__(self, at_ms: _Optional[int] = ..., kind: _Optional[str] = ..., weight: _Optional[float] = ..., detail: _Optional[str] = ..., reporter_node_id: _Optional[str] = ..., bundle_id: _Optional[str] = ...) -> None: ...
 
 class ReputationConfig(_message.Message):
-    __slots__ = ("quarantine_threshold", "half_life_s", "probation_bundles", "probation_threshold", "feedback_weight", "log_ratio_tolerance", "auto_ban_on_proof", "feedback_cap", "filtered_frac_limit", "corroborating_reporters", "corroborated_cap", "reporter_maturity_s", "shift_margin", "shift_z", "shift_min_completions")
+    __slots__ = ("quarantine_threshold", "half_life_s", "probation_bundles", "probation_threshold", "feedback_weight", "log_ratio_tolerance", "auto_ban_on_proof", "feedback_cap", "filtered_frac_limit", "corroborating_reporters", "corroborated_cap", "reporter_maturity_s", "shift_margin", "shift_z", "shift_min_completions", "audit_reporters")
     QUARANTINE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     HALF_LIFE_S_FIELD_NUMBER: _ClassVar[int]
     PROBATION_BUNDLES_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class ReputationConfig(_message.Message):
     SHIFT_MARGIN_FIELD_NUMBER: _ClassVar[int]
     SHIFT_Z_FIELD_NUMBER: _ClassVar[int]
     SHIFT_MIN_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_REPORTERS_FIELD_NUMBER: _ClassVar[int]
     quarantine_threshold: float
     half_life_s: float
     probation_bundles: int
@@ -105,7 +106,8 @@ class ReputationConfig(_message.Message):
     shift_margin: float
     shift_z: float
     shift_min_completions: int
-    def __init__(self, quarantine_threshold: _Optional[float] = ..., half_life_s: _Optional[float] = ..., probation_bundles: _Optional[int] = ..., probation_threshold: _Optional[float] = ..., feedback_weight: _Optional[float] = ..., log_ratio_tolerance: _Optional[float] = ..., auto_ban_on_proof: _Optional[bool] = ..., feedback_cap: _Optional[float] = ..., filtered_frac_limit: _Optional[float] = ..., corroborating_reporters: _Optional[int] = ..., corroborated_cap: _Optional[float] = ..., reporter_maturity_s: _Optional[float] = ..., shift_margin: _Optional[float] = ..., shift_z: _Optional[float] = ..., shift_min_completions: _Optional[int] = ...) -> None: ...
+    audit_reporters: int
+    def __init__(self, quarantine_threshold: _Optional[float] = ..., half_life_s: _Optional[float] = ..., probation_bundles: _Optional[int] = ..., probation_threshold: _Optional[float] = ..., feedback_weight: _Optional[float] = ..., log_ratio_tolerance: _Optional[float] = ..., auto_ban_on_proof: _Optional[bool] = ..., feedback_cap: _Optional[float] = ..., filtered_frac_limit: _Optional[float] = ..., corroborating_reporters: _Optional[int] = ..., corroborated_cap: _Optional[float] = ..., reporter_maturity_s: _Optional[float] = ..., shift_margin: _Optional[float] = ..., shift_z: _Optional[float] = ..., shift_min_completions: _Optional[int] = ..., audit_reporters: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

@@ -139,7 +139,7 @@ class PullBundlesRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., cursor: _Optional[int] = ..., max_bundles: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., skip_zero_variance: _Optional[bool] = ..., auth: _Optional[_Union[_common_pb2.RequestAuth, _Mapping]] = ...) -> None: ...
 
 class RelayedBundle(_message.Message):
-    __slots__ = ("sequence", "bundle_id", "envelope", "verified_rewards", "stored_at_ms", "sender_reputation", "task_question")
+    __slots__ = ("sequence", "bundle_id", "envelope", "verified_rewards", "stored_at_ms", "sender_reputation", "task_question", "audit_only")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_ID_FIELD_NUMBER: _ClassVar[int]
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,7 @@ class RelayedBundle(_message.Message):
     STORED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     SENDER_REPUTATION_FIELD_NUMBER: _ClassVar[int]
     TASK_QUESTION_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_ONLY_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     bundle_id: str
     envelope: _bundle_pb2.SignedEnvelope
@@ -154,7 +155,8 @@ class RelayedBundle(_message.Message):
     stored_at_ms: int
     sender_reputation: float
     task_question: str
-    def __init__(self, sequence: _Optional[int] = ..., bundle_id: _Optional[str] = ..., envelope: _Optional[_Union[_bundle_pb2.SignedEnvelope, _Mapping]] = ..., verified_rewards: _Optional[_Iterable[float]] = ..., stored_at_ms: _Optional[int] = ..., sender_reputation: _Optional[float] = ..., task_question: _Optional[str] = ...) -> None: ...
+    audit_only: bool
+    def __init__(self, sequence: _Optional[int] = ..., bundle_id: _Optional[str] = ..., envelope: _Optional[_Union[_bundle_pb2.SignedEnvelope, _Mapping]] = ..., verified_rewards: _Optional[_Iterable[float]] = ..., stored_at_ms: _Optional[int] = ..., sender_reputation: _Optional[float] = ..., task_question: _Optional[str] = ..., audit_only: _Optional[bool] = ...) -> None: ...
 
 class PullBundlesResponse(_message.Message):
     __slots__ = ("error", "bundles", "next_cursor")

@@ -78,8 +78,15 @@ class Learner:
         logits = out.logits[:, :-1, :]
         return completion_logprobs(logits, batch.targets, self.config.loss.temperature)
 
-    def step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+    def step(self, groups: list[RolloutGroup],
+             audit: list[RolloutGroup] | None = None) -> dict[str, float]:
         """One optimizer step on ``groups``; returns metrics (floats).
+
+        ``audit``: audit-only groups (senders on the coordinator's audit-based
+        probation): never trained on (nor is any group in ``groups`` whose
+        ``meta["audit_only"]`` is set); their log-ratio statistics are recorded in
+        :attr:`sender_stats` by :meth:`audit` with the weights before the update, as a
+        trained external group's are (metric ``audit_completions``).
 
         ``on_policy`` ignores external groups. Micro-batches never mix local and external
         samples so their statistics can be reported separately. Micro-batch losses are
@@ -99,11 +106,16 @@ class Learner:
         """
         cfg = self.config
         t0 = time.perf_counter()
+        # audit-only groups (a sender on the coordinator's audit-based probation) are
+        # never trained on, whoever passes them here; :meth:`audit` reports them
+        groups = [g for g in groups if not g.meta.get("audit_only")]
         if cfg.loss.method == "on_policy":
             groups = [g for g in groups if g.local]
         samples = groups_to_samples(groups, cfg.scale_advantages_by_std)
         self.sender_stats = {}
+        audited = self.audit(audit) if audit else 0
         metrics: dict[str, float] = {
+            "audit_completions": float(audited),
             "groups_local": float(sum(g.local for g in groups)),
             "groups_external": float(sum(not g.local for g in groups)),
             "groups_zero_variance": float(sum(g.reward_variance_zero for g in groups)),
@@ -194,6 +206,37 @@ class Learner:
                 for key in keys:
                     acc[key].add(out.stats, n_tok, n_seq)
         return loss_sum, t_forward, t_backward, acc
+
+    def audit(self, groups: list[RolloutGroup]) -> int:
+        """Log-ratio statistics of audit-only groups without training on them
+        (docs/reputation.md "Audit-based probation"): one forward pass without gradients
+        per micro-batch, the per-completion ``lp_learner - lp_gen`` sums and the F-TIS
+        gate decisions added to :attr:`sender_stats` exactly as :meth:`step` records a
+        trained external group's (the feedback the coordinator judges). :meth:`step`
+        resets the statistics and then calls this on its ``audit`` groups, before the
+        update. Cross-tokenizer groups are skipped (no token-level log-ratio exists).
+        Nothing is updated.
+
+        Returns:
+            the completions audited.
+        """
+        cfg = self.config
+        samples = [Sample(g.prompt_ids, ids, lps, 0.0, False, g.sender, None)
+                   for g in groups if g.gen_logprobs is not None
+                   for ids, lps in zip(g.completions, g.gen_logprobs, strict=True)]
+        samples.sort(key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+        with torch.no_grad():
+            for i in range(0, len(samples), cfg.micro_batch_size):
+                mb = samples[i : i + cfg.micro_batch_size]
+                batch = pack(mb, self.pad_token_id)
+                lp_theta = self._forward_logprobs(batch)
+                assert batch.gen_logprobs is not None  # token-aligned samples only
+                out = policy_loss(lp_theta, lp_theta, batch.gen_logprobs, batch.advantages,
+                                  batch.completion_mask, cfg.loss)
+                sums = sender_log_ratio_sums(lp_theta, batch.gen_logprobs,
+                                             batch.completion_mask)
+                self._record_senders(mb, out.per_completion, False, sums)
+        return len(samples)
 
     def policy_gradient(self, groups: list[RolloutGroup]) -> torch.Tensor:
         """The gradient of :meth:`step`'s loss on ``groups`` with respect to the

@@ -42,6 +42,9 @@ def peak_rss_mb() -> float:
     return kb / 1024 if sys.platform != "darwin" else kb / 2**20
 
 
+#: Audit-only groups (senders on the coordinator's audit-based probation) a node audits
+#: per round: a forward pass each, no training; the rest wait in the pool.
+AUDIT_GROUPS_PER_ROUND = 4
 #: Bundle ids per feedback entry (the coordinator's bound).
 MAX_FEEDBACK_BUNDLE_IDS = 64
 
@@ -406,14 +409,18 @@ class VolunteerNode:
         """
         cfg = self.config
         external: list[RolloutGroup] = []
+        audits: list[RolloutGroup] = []
         if self.pulls:
             self._pull_external()
             external = self.pool.take(cfg.external_groups, cfg.max_groups_per_sender)
+            audits = self.pool.take_audits(AUDIT_GROUPS_PER_ROUND)
         stats["external_groups_used"] = float(len(external))
         stats["external_pool_size"] = float(len(self.pool.groups))
         stats["external_cross_tokenizer_groups"] = float(sum(g.cross_tokenizer
                                                              for g in external))
-        stats.update(self.learner.step(local + external))
+        stats["audit_groups"] = float(len(audits))
+        # audit-only groups: statistics only, never trained on
+        stats.update(self.learner.step(local + external, audit=audits))
         self.round += 1
         last = cfg.rounds and self.round == cfg.rounds
         if self.eval_sets and (self.round % cfg.eval_every == 0 or last):
@@ -423,7 +430,7 @@ class VolunteerNode:
         stats["updates"] = float(self.learner.updates)
         if self.startup_seconds is not None:  # first round of this process only
             stats["startup_seconds"], self.startup_seconds = self.startup_seconds, None
-        feedback = self.hooks.feedback(external, self.feedback(external))
+        feedback = self.hooks.feedback(external + audits, self.feedback(external + audits))
         if not report_metrics(self.conn, self.round, stats, feedback):
             stats["report_rate_limited"] = 1.0
         record = {"round": self.round, "node_id": self.conn.node_id, "model": cfg.model,

@@ -88,6 +88,10 @@ class ExternalPool:
         #: coordinator counts feedback only for bundles it relayed to the reporter)
         self.rejected_ids_by_sender: dict[str, list[str]] = {}
         self.weights: dict[str, float] = {}
+        #: groups relayed for audit only (``RelayedBundle.audit_only``: the sender is on
+        #: the coordinator's audit-based probation): never drawn by :meth:`take` (never
+        #: trained on), handed to the learner's audit by :meth:`take_audits`
+        self.audits: deque[RolloutGroup] = deque(maxlen=capacity)
 
     def add(self, relayed: swarm_pb2.RelayedBundle) -> bool:
         """Verify and buffer one relayed bundle; returns whether it was kept."""
@@ -138,9 +142,19 @@ class ExternalPool:
                 self.rejected_ids_by_sender.setdefault(sender, []).append(relayed.bundle_id)
             log.warning("dropping relayed bundle %s: %s", relayed.bundle_id, exc)
             return False
-        meta = {"bundle_id": relayed.bundle_id, "base_model": bundle.model_card.base_model}
+        meta: dict[str, object] = {"bundle_id": relayed.bundle_id,
+                                   "base_model": bundle.model_card.base_model}
+        if relayed.audit_only:
+            meta["audit_only"] = True
         group = RolloutGroup.from_bundle(bundle, relayed.verified_rewards, local=False,
                                          meta=meta, retokenized=retokenized)
+        if relayed.audit_only:
+            # audits compare log-probs, whatever the rewards; only token-aligned groups
+            # can be audited (the coordinator relays them to the sender's tokenizer only)
+            if cross:
+                return False
+            self.audits.append(group)
+            return True
         if group.reward_variance_zero:
             # SAPO as written: only informative groups are shared and drawn, so the J
             # external groups of a round are never spent on zero-advantage groups
@@ -200,6 +214,14 @@ class ExternalPool:
         for g in picked:
             self.weights.pop(g.meta.get("bundle_id", ""), None)
         return picked
+
+    def take_audits(self, count: int) -> list[RolloutGroup]:
+        """Remove and return up to ``count`` audit-only groups, oldest first (never
+        trained on: :meth:`Learner.audit` computes their log-ratio statistics)."""
+        out: list[RolloutGroup] = []
+        while self.audits and len(out) < count:
+            out.append(self.audits.popleft())
+        return out
 
     def drain_rejections(self) -> tuple[Counter[str], Counter[str]]:
         """Per-sender (invalid bundles, text mismatches) since the last call (the bundle

@@ -103,7 +103,8 @@ def _spot_check(ctx: Context, policy: reputation.ReputationConfig
     if checker is None:
         return None
     return lambda node, bundle, bundle_id: checker.check(
-        bundle, bundle_id, reputation.on_probation(node.bundles_accepted, policy),
+        bundle, bundle_id,
+        reputation.in_probation(node.bundles_accepted, node.audit_status, policy),
         node.bundles_accepted)
 
 

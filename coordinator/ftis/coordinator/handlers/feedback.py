@@ -176,7 +176,8 @@ def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEn
     # the reporter afresh: authentication may hand on a record up to NODE_CACHE_S old
     reporter = state.get_node(reporter.node_id) or reporter
     factor = reputation.reporter_factor(reporter.standing, reporter.bundles_accepted,
-                                        reporter.registered_at_ms, now, policy)
+                                        reporter.registered_at_ms, now, policy,
+                                        audit=reporter.audit_status)
     counted = _counted_bundles(ctx, reporter, entries, owners) if factor > 0 else \
         [[] for _ in entries]
     window_start = now - int(policy.half_life_s * 1000)
@@ -202,7 +203,56 @@ def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEn
             counted=(reporter.node_id, counted_ids) if counted_ids else None)
         for node_id, record in changed.items():  # fresher than any cached copy
             ctx.nodes.put(node_id, record, now)
+    if policy.audit_reporters > 0 and factor > 0:
+        _record_audits(ctx, reporter, entries, counted, records, now)
     return dropped
+
+
+def audit_verdicts(entries: list[FeedbackEntry], counted: list[list[str]],
+                   senders: dict[str, NodeRecord | None], reporter_fingerprint: str,
+                   cfg: reputation.ReputationConfig) -> dict[str, bool]:
+    """An established reporter's audit verdicts (pure; docs/reputation.md "Audit-based
+    probation"): ``{sender: plausible}`` for each entry about a sender on probation
+    (:func:`reputation.in_probation`) with the reporter's own tokenizer fingerprint (the
+    only receivers audit-only bundles are relayed to; a counted bundle id alone only
+    proves a relay sequence was served) that names at least one bundle relayed to this
+    reporter and not counted before (``counted``) and judges something
+    (:func:`reputation.audit_judgement`). A later entry about the same sender wins."""
+    out: dict[str, bool] = {}
+    for f, ids in zip(entries, counted, strict=True):
+        sender = senders.get(f.sender_id)
+        if sender is None or not ids or sender.fingerprint != reporter_fingerprint:
+            continue
+        if not reputation.in_probation(sender.bundles_accepted, sender.audit_status, cfg):
+            continue
+        verdict = reputation.audit_judgement(f, cfg)
+        if verdict is not None:
+            out[f.sender_id] = verdict
+    return out
+
+
+def _record_audits(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEntry],
+                   counted: list[list[str]], senders: dict[str, NodeRecord | None],
+                   now: int) -> None:
+    """Store the report's audit verdicts and re-decide the senders' audits; a sender whose
+    audit turns to failed gets :func:`reputation.audit_failed_evidence` once."""
+    policy = ctx.policy
+    verdicts = audit_verdicts(entries, counted, senders, reporter.fingerprint, policy)
+    if not verdicts:
+        return
+    changes = ctx.state.record_audits(
+        reporter.node_id, verdicts, now,
+        lambda good, bad: reputation.audit_status(good, bad, policy))
+    failed = [(sender, reputation.audit_failed_evidence(sender, bad))
+              for sender, (old, new, bad) in changes.items()
+              if new == reputation.AUDIT_FAILED_STATUS and old != new]
+    if failed:
+        log.info("audit failed for %s", ", ".join(s for s, _ in failed))
+        ctx.state.apply_evidence_many(
+            failed, now, lambda evs: reputation.standing_update(evs, now, policy))
+    for sender, (old, new, _) in changes.items():
+        if old != new:  # the next authenticated call sees the new audit at once
+            ctx.nodes.drop(sender)
 
 
 def _counted_bundles(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEntry],

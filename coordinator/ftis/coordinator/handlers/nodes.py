@@ -9,6 +9,7 @@ AUTH_EXPIRED → NODE_BANNED.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from google.protobuf.message import Message
 
@@ -91,6 +92,10 @@ def register(ctx: Context, envelope: bundle_pb2.SignedEnvelope, peer: str = "") 
         client_version=payload.client_version,
         now_ms=now,
     )
+    if node_id in ctx.config.audit_seed_nodes and node.audit_status != reputation.AUDIT_PASSED:
+        # an operator's seed of audit-based probation: no established receiver exists yet
+        ctx.state.set_audit_status(node_id, reputation.AUDIT_PASSED)
+        node = replace(node, audit_status=reputation.AUDIT_PASSED)
     ctx.nodes.drop(node_id)  # a new model card or key
     log.info("node %s registered (%s, %s)", node_id, payload.display_name, card.base_model)
     return node

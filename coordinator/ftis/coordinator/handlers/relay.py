@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ftis.coordinator import reputation
 from ftis.coordinator.handlers.context import Context
-from ftis.coordinator.state.base import BundleRecord, NodeRecord
+from ftis.coordinator.state.base import AuditRelay, BundleRecord, NodeRecord
 from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
 from ftis.protocol.errors import ErrorCode, FtisError
 
@@ -39,6 +39,12 @@ def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
     unassigned node trains on the whole mix and is relayed every bundle, as before
     branches existed.
 
+    Audit-based probation (``reputation.audit_reporters`` > 0; docs/reputation.md):
+    bundles of senders on probation go only to *established* requesters
+    (:func:`reputation.established`: past probation themselves, not quarantined) whose
+    registered tokenizer fingerprint is the bundle's, marked ``audit_only``; other
+    requesters never see them (their cursor moves past them).
+
     ``max_bundles`` is clamped to [1, 64]; a page also stops before exceeding
     :data:`PULL_PAGE_BYTES` of envelopes, or the node's relay bytes left this minute
     (``pull_bytes_per_minute``), whichever is less (it always holds at least one bundle).
@@ -54,6 +60,14 @@ def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
         raise FtisError(ErrorCode.RATE_LIMITED,
                         f"more than {ctx.config.pull_bytes_per_minute} bytes of relay pages "
                         f"per minute; slow down")
+    policy = ctx.policy
+    audit = None
+    if policy.audit_reporters > 0:
+        audit = AuditRelay(
+            probation_bundles=policy.probation_bundles,
+            established=reputation.established(node.bundles_accepted, node.audit_status,
+                                               node.quarantined, node.banned, policy),
+            fingerprint=node.fingerprint)
     bundles, next_cursor = ctx.state.pull_bundles(
         requester_id=node.node_id,
         cursor=max(int(cursor), 0),
@@ -62,10 +76,11 @@ def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
         fingerprint=tokenizer_fingerprint,
         skip_zero_variance=skip_zero_variance,
         branch=node.branch,
+        audit=audit,
     )
     ctx.quotas.charge_pull_bytes(node.node_id, sum(b.size_bytes for b in bundles))
     now = ctx.clock()
-    half_life = ctx.policy.half_life_s
+    half_life = policy.half_life_s
     reputations = [
         NO_HISTORY_REPUTATION if b.sender_standing is None
         else reputation.current_score(b.sender_standing, now, half_life)

@@ -121,7 +121,7 @@ def node_state(node: NodeRecord, policy: ReputationConfig) -> str:
         return "banned"
     if node.quarantined:
         return "quarantined"
-    if reputation.on_probation(node.bundles_accepted, policy):
+    if reputation.in_probation(node.bundles_accepted, node.audit_status, policy):
         return "probation"
     return "ok"
 

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from ftis.coordinator import reputation
 from ftis.coordinator.config import CoordinatorConfig, parse_host_port
 from ftis.coordinator.handlers.context import SEEN_FLUSH_S, Clock, Context, wall_clock_ms
 from ftis.coordinator.observe import metrics
@@ -141,6 +142,8 @@ class CoordinatorServer:
         if engine is not None:
             metrics.instrument_engine(engine)
         self.ctx = Context.create(config, self.state, clock)
+        for seed in config.audit_seed_nodes:  # seeds registered before this start
+            self.state.set_audit_status(seed, reputation.AUDIT_PASSED)
         self.http_listen = http_listen
         self.http_optional = http_optional
         self._http: StatusHttpServer | None = None

@@ -75,6 +75,7 @@ def relayed_bundle_bytes(record: BundleRecord, sender_reputation: float) -> byte
         stored_at_ms=record.stored_at_ms,
         sender_reputation=sender_reputation,
         task_question=record.question,
+        audit_only=record.audit_only,
     ).SerializeToString()
     return head + _length_delimited(RELAYED_ENVELOPE_FIELD, record.envelope)
 
@@ -120,7 +121,7 @@ def node_info(
         evidence_good=good,
         evidence_bad=bad,
         quarantined=node.quarantined,
-        probation=reputation.on_probation(node.bundles_accepted, cfg),
+        probation=reputation.in_probation(node.bundles_accepted, node.audit_status, cfg),
         branch=node.branch or "",
     )
 

@@ -67,6 +67,9 @@ class NodeRecord:
     #: The MERIT branch the node is leased from (:class:`BranchRecord`); ``None``: the
     #: whole task mix.
     branch: str | None = None
+    #: Audit-based probation: ``reputation.AUDIT_PENDING`` (0), ``AUDIT_PASSED`` (1) or
+    #: ``AUDIT_FAILED_STATUS`` (-1); only read while ``audit_reporters`` > 0.
+    audit_status: int = 0
 
     @property
     def standing(self) -> Standing:
@@ -229,6 +232,26 @@ class BundleRecord:
     #: The leased task's question (filled by ``pull_bundles`` only): receivers with another
     #: tokenizer render their own prompt from it (DESIGN.md section 6).
     question: str = ""
+    #: Relayed for audit only (filled by ``pull_bundles`` only): its sender is on
+    #: audit-based probation; the receiver must not train on it, only report its
+    #: log-ratio statistics (docs/reputation.md "Audit-based probation").
+    audit_only: bool = False
+
+
+@dataclass(frozen=True)
+class AuditRelay:
+    """How a relay page treats senders on audit-based probation (``pull_bundles``).
+
+    A sender is on probation when it has fewer than ``probation_bundles`` verified
+    bundles or its ``audit_status`` is not passed. A requester that is not
+    ``established`` gets none of their bundles; an established one gets those whose
+    tokenizer fingerprint is ``fingerprint`` (its own), marked ``audit_only``, even
+    zero-variance ones when the page skips zero variance (an audit compares log-probs).
+    """
+
+    probation_bundles: int
+    established: bool
+    fingerprint: str
 
 
 @dataclass(frozen=True)
@@ -497,11 +520,15 @@ class State(abc.ABC):
         fingerprint: str = "",
         skip_zero_variance: bool = False,
         branch: str | None = None,
+        audit: AuditRelay | None = None,
     ) -> tuple[list[BundleRecord], int]:
         """Relay page: bundles with ``sequence > cursor`` in sequence order, excluding the
         requester's own, banned senders', other fingerprints (when ``fingerprint``) and
         zero-variance groups (when ``skip_zero_variance``). At most ``limit`` bundles
         and, beyond the first, at most ``max_bytes`` of envelopes.
+
+        With ``audit`` (audit-based probation on), senders on probation are relayed as
+        :class:`AuditRelay` says, their bundles marked ``audit_only``.
 
         With ``branch`` (a MERIT branch name), only bundles whose lease was issued under
         that branch (``LeaseRecord.branch``); ``None``: every bundle, whatever branch or
@@ -566,6 +593,27 @@ class State(abc.ABC):
     @abc.abstractmethod
     def list_evidence(self, node_id: str, limit: int = 50) -> list[EvidenceRecord]:
         """A node's evidence rows, newest first."""
+
+    @abc.abstractmethod
+    def record_audits(self, reporter_id: str, verdicts: Mapping[str, bool], now_ms: int,
+                      decide: Callable[[int, int], int]) -> dict[str, tuple[int, int, int]]:
+        """Store ``reporter_id``'s latest audit verdict on each sender
+        (``{sender: plausible}``, replacing its earlier one) and re-decide each sender's
+        ``audit_status`` as ``decide(plausible_reporters, implausible_reporters)`` over
+        the stored verdicts, in one transaction. Senders that are not registered are
+        skipped.
+
+        Returns:
+            ``{sender: (old_status, new_status, implausible_reporters)}``.
+        """
+
+    @abc.abstractmethod
+    def set_audit_status(self, node_id: str, status: int) -> bool:
+        """Set a node's ``audit_status`` (operator seeds); ``False`` if it is unknown."""
+
+    @abc.abstractmethod
+    def audit_reports(self, sender_id: str) -> dict[str, bool]:
+        """``{reporter: plausible}``: the stored audit verdicts on ``sender_id``."""
 
     @abc.abstractmethod
     def negative_reporters(self, sender_id: str, since_ms: int) -> set[str]:

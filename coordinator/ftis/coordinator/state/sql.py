@@ -73,6 +73,7 @@ from sqlalchemy.pool import StaticPool
 from ftis.coordinator import reputation
 from ftis.coordinator.reputation import Evidence, Standing
 from ftis.coordinator.state.base import (
+    AuditRelay,
     BranchRecord,
     BundleRecord,
     CommittedVerdict,
@@ -143,6 +144,21 @@ class NodeRow(Base):
     #: Not a foreign key: :meth:`SqlState.define_branches` unassigns the nodes of a
     #: branch it drops in the same transaction.
     branch: Mapped[str | None] = mapped_column(String(64), nullable=True, default=None)
+    #: Audit-based probation (revision 0005): reputation.AUDIT_PENDING / _PASSED /
+    #: _FAILED_STATUS; read only while the policy's ``audit_reporters`` > 0.
+    audit_status: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class AuditReportRow(Base):
+    """The latest audit verdict of one established reporter on one sender on probation
+    (revision 0005; docs/reputation.md "Audit-based probation")."""
+
+    __tablename__ = "audit_reports"
+
+    sender_node_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    reporter_node_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    plausible: Mapped[bool] = mapped_column(Boolean)
+    at_ms: Mapped[int] = mapped_column(BigInteger)
 
 
 class BranchRow(Base):
@@ -458,20 +474,33 @@ class _Hot:
                .values(value=counters.c.value + bindparam("b_n")).returning(counters.c.value))
     insert_leases = insert(leases)
     max_sequence = select(func.max(bundles.c.sequence))
-    #: filled below: the eight relay page statements (:meth:`_relay_page`)
-    relay_pages: ClassVar[dict[tuple[bool, bool, bool], Any]] = {}
+    #: filled below: the relay page statements (:meth:`_relay_page`)
+    relay_pages: ClassVar[dict[tuple[bool, bool, bool, int], Any]] = {}
 
     @staticmethod
-    def _relay_page(fingerprint: bool, skip_zero_variance: bool, branch: bool) -> Any:
+    def _relay_page(fingerprint: bool, skip_zero_variance: bool, branch: bool,
+                    audit: int = 0) -> Any:
         """A relay page (:meth:`SqlState.pull_bundles`) in one statement: the bundles
         after ``cursor`` in sequence order with their lease's dataset and question and
         the sender's standing, each row carrying the largest sequence of the same
         snapshot (the next cursor of a page that is not full). With ``branch``, only
-        bundles whose lease was issued under the bound ``branch`` (MERIT, issue 16)."""
+        bundles whose lease was issued under the bound ``branch`` (MERIT, issue 16).
+
+        ``audit`` (audit-based probation): 0 off; 1 the requester is not established,
+        senders on probation (fewer than ``probation_bundles`` verified bundles or an
+        audit not passed) are left out; 2 it is established, their bundles are included
+        only with the requester's own fingerprint ``audit_fp`` and marked
+        ``audit_only``, zero-variance ones too (``skip_zero_variance`` spares only
+        trainable groups: an audit compares log-probs, whatever the rewards)."""
         b, lz, rp, nd = _Hot.bundles, _Hot.leases, _Hot.reps, _Hot.nodes
+        probation = or_(nd.c.bundles_accepted < bindparam("probation_bundles"),
+                        nd.c.audit_status != reputation.AUDIT_PASSED)
+        audit_only = (case((probation, True), else_=False) if audit == 2
+                      else literal(False)).label("audit_only")
         query = (
             select(*b.c, lz.c.dataset, lz.c.entry_json, rp.c.good, rp.c.bad,
-                   rp.c.updated_ms, _Hot.max_sequence.scalar_subquery().label("max_seq"))
+                   rp.c.updated_ms, _Hot.max_sequence.scalar_subquery().label("max_seq"),
+                   audit_only)
             .select_from(b.join(nd, nd.c.node_id == b.c.node_id)
                          .join(lz, lz.c.lease_id == b.c.lease_id)
                          .outerjoin(rp, rp.c.node_id == b.c.node_id))
@@ -487,10 +516,15 @@ class _Hot:
         )
         if fingerprint:
             query = query.where(b.c.fingerprint == bindparam("fingerprint"))
-        if skip_zero_variance:
-            query = query.where(b.c.zero_variance.is_(False))
+        if skip_zero_variance:  # an audit compares log-probs: rewards do not matter
+            query = query.where(or_(b.c.zero_variance.is_(False), probation) if audit == 2
+                                else b.c.zero_variance.is_(False))
         if branch:
             query = query.where(lz.c.branch == bindparam("branch"))
+        if audit == 1:
+            query = query.where(~probation)
+        elif audit == 2:
+            query = query.where(or_(~probation, b.c.fingerprint == bindparam("audit_fp")))
         return query
 
     #: The optimistic accept (:meth:`SqlState._commit_expected`), SQLite form: each
@@ -570,11 +604,11 @@ SELECT n.*, r.bundles_rejected AS rep_rejected, l.dataset AS dataset,
   b.sequence AS sequence FROM n, r, l, b""")
 
 
-#: The eight relay page statements, by ``(fingerprint given, skip_zero_variance, branch
-#: given)``.
-_Hot.relay_pages.update({(f, z, br): _Hot._relay_page(f, z, br)
+#: The relay page statements, by ``(fingerprint given, skip_zero_variance, branch given,
+#: audit mode)``.
+_Hot.relay_pages.update({(f, z, br, au): _Hot._relay_page(f, z, br, au)
                          for f in (False, True) for z in (False, True)
-                         for br in (False, True)})
+                         for br in (False, True) for au in (0, 1, 2)})
 
 
 class SqlState(State):
@@ -756,6 +790,7 @@ class SqlState(State):
             rep_updated_ms=m.rep_updated_ms if has_rep else m.registered_at_ms,
             quarantined=bool(m.rep_quarantined) if has_rep else False,
             branch=m.branch,
+            audit_status=int(m.audit_status or 0),
         )
 
     def _read_node(self, session: Session | Connection, node_id: str) -> NodeRecord | None:
@@ -1491,11 +1526,15 @@ class SqlState(State):
         fingerprint: str = "",
         skip_zero_variance: bool = False,
         branch: str | None = None,
+        audit: AuditRelay | None = None,
     ) -> tuple[list[BundleRecord], int]:
+        mode = 0 if audit is None else 2 if audit.established else 1
         query = _Hot.relay_pages[(bool(fingerprint), bool(skip_zero_variance),
-                                  branch is not None)]
+                                  branch is not None, mode)]
         params = {"cursor": int(cursor), "requester": requester_id, "limit": int(limit),
-                  "fingerprint": fingerprint, "branch": branch}
+                  "fingerprint": fingerprint, "branch": branch,
+                  "probation_bundles": audit.probation_bundles if audit else 0,
+                  "audit_fp": audit.fingerprint if audit else ""}
         page: list[BundleRecord] = []
         used = 0
         full = False
@@ -1518,7 +1557,8 @@ class SqlState(State):
                     text_verified=bool(m.text_verified),
                     sender_standing=Standing(float(m.good or 0), float(m.bad or 0),
                                              int(m.updated_ms or 0)),
-                    question=TaskEntry.from_json(m.entry_json).question))
+                    question=TaskEntry.from_json(m.entry_json).question,
+                    audit_only=bool(m.audit_only)))
                 used += m.size_bytes
             if max_seq is None:  # an empty page: the cursor moves to the newest bundle
                 max_seq = conn.scalar(_Hot.max_sequence)
@@ -1718,6 +1758,61 @@ class SqlState(State):
         rows = session.scalars(_Hot.negative_reporters, {"node_id": sender_id,
                                                           "since": since_ms})
         return {r for r in rows if r}
+
+    def record_audits(self, reporter_id: str, verdicts: Mapping[str, bool], now_ms: int,
+                      decide: Callable[[int, int], int]) -> dict[str, tuple[int, int, int]]:
+        senders = sorted(s for s in verdicts if _storable(s) and s != reporter_id)
+        if not senders or not _storable(reporter_id):
+            return {}
+        out: dict[str, tuple[int, int, int]] = {}
+        with self._write() as session:
+            # lock the senders' node rows in node_id order, as everywhere
+            old = {n: int(a or 0) for n, a in session.execute(
+                select(NodeRow.node_id, NodeRow.audit_status)
+                .where(NodeRow.node_id.in_(senders)).with_for_update())}
+            for sender in senders:
+                if sender not in old:
+                    continue
+                plausible = bool(verdicts[sender])
+                changed = cast("CursorResult[Any]", session.execute(  # an UPDATE's result
+                    update(AuditReportRow)
+                    .where(AuditReportRow.sender_node_id == sender,
+                           AuditReportRow.reporter_node_id == reporter_id)
+                    .values(plausible=plausible, at_ms=int(now_ms)))).rowcount
+                if not changed:
+                    session.add(AuditReportRow(sender_node_id=sender,
+                                               reporter_node_id=reporter_id,
+                                               plausible=plausible, at_ms=int(now_ms)))
+                    session.flush()
+                counts = dict(session.execute(
+                    select(AuditReportRow.plausible, func.count())
+                    .where(AuditReportRow.sender_node_id == sender)
+                    .group_by(AuditReportRow.plausible)).all())
+                good = int(counts.get(True, 0))
+                bad = int(counts.get(False, 0))
+                status = int(decide(good, bad))
+                if status != old[sender]:
+                    session.execute(update(NodeRow).where(NodeRow.node_id == sender)
+                                    .values(audit_status=status))
+                out[sender] = (old[sender], status, bad)
+        return out
+
+    def set_audit_status(self, node_id: str, status: int) -> bool:
+        if not _storable(node_id):
+            return False
+        with self._write() as session:
+            done = cast("CursorResult[Any]", session.execute(  # an UPDATE's result
+                update(NodeRow).where(NodeRow.node_id == node_id)
+                .values(audit_status=int(status))))
+            return bool(done.rowcount)
+
+    def audit_reports(self, sender_id: str) -> dict[str, bool]:
+        if not _storable(sender_id):
+            return {}
+        with self._read() as session:
+            return {r: bool(p) for r, p in session.execute(
+                select(AuditReportRow.reporter_node_id, AuditReportRow.plausible)
+                .where(AuditReportRow.sender_node_id == sender_id))}
 
     def negative_reporters(self, sender_id: str, since_ms: int) -> set[str]:
         if not _storable(sender_id):
