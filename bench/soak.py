@@ -461,7 +461,9 @@ def main(argv: list[str] | None = None) -> int:
                 prober.kill()
                 prober.wait()
             if client.poll() is None:
-                client.send_signal(signal.SIGINT)  # the client's graceful stop
+                # the client's graceful stop, as a service manager's (SIGINT would be
+                # ignored when this benchmark was started in the background by a shell)
+                client.send_signal(signal.SIGTERM)
                 try:
                     client.wait(60)
                 except subprocess.TimeoutExpired:

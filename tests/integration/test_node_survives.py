@@ -263,3 +263,42 @@ def test_node_registers_again_after_the_coordinator_lost_its_database(
                            identity.node_id)[0][0] == 4
     finally:
         coord.stop()
+
+
+def test_sigterm_stops_the_node_as_ctrl_c_does(tmp_path, tiny_model_dir):
+    """Service managers stop a node with SIGTERM (``systemctl --user stop``, ``launchctl
+    bootout``). The node ends as on Ctrl-C: exit status 130 with "interrupted; the last
+    checkpoint is kept", its state file says "stopped", and its checkpoint resumes.
+    (Python's default for SIGTERM ends the process at once: status -15, the state file
+    still saying "running".)"""
+    coord = Coordinator(tmp_path, _config(tmp_path))
+    coord.start()
+    out = tmp_path / "node"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("FTIS_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "config"), PYTHONUNBUFFERED="1")
+    args = [sys.executable, "-c", "from ftis.client.cli.main import app; app()", "start",
+            "--coordinator", coord.target, "--model", str(tiny_model_dir), "--out", str(out),
+            "--key-file", str(out / "key.pem"), "--local-groups", "2", "--external-groups",
+            "0", "--group-size", "4", "--max-new-tokens", "8", "--threads", "1"]
+    try:
+        proc = subprocess.Popen([*args, "--rounds", "0"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 180
+        while not (out / "metrics.jsonl").exists() or \
+                len((out / "metrics.jsonl").read_text().splitlines()) < 2:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "no two rounds in 180 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0].decode()
+        assert proc.returncode == ExitCode.INTERRUPTED == 130, output
+        assert "interrupted; the last checkpoint is kept" in output
+        assert json.loads((out / "node_state.json").read_text())["state"] == "stopped"
+        done = len(read_metrics(out / "metrics.jsonl"))
+        again = subprocess.run([*args, "--rounds", str(done + 1)], capture_output=True,
+                               env=env, timeout=180, text=True)
+        said = " ".join((again.stdout + again.stderr).split())
+        assert again.returncode == 0, said
+        assert f"resumed from round {done}" in said and f"done: {done + 1} rounds" in said
+    finally:
+        coord.stop()

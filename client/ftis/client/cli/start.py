@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -116,6 +119,24 @@ def round_memory_guard(cfg: ClientConfig, on_wait: Callable[..., Any] | None = N
     return RoundMemoryGuard(needed, phase, cfg.max_memory_bytes, on_wait=on_wait)
 
 
+def sigterm_as_interrupt() -> Callable[[], None]:
+    """From now on SIGTERM ends the node as Ctrl-C does (KeyboardInterrupt: the round in
+    progress is dropped, the last checkpoint kept, the state file says "stopped", exit
+    status 130); returns the function that puts the previous handler back.
+
+    Service managers stop a node with SIGTERM (``systemctl --user stop``, ``launchctl
+    bootout``), and Python's default for it ends the process at once, without any of
+    that. Only the main thread can set a handler: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
 def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
     """Start a node from ``cfg`` (a ClientConfig) under the volunteer settings resolved
     from ``setting_flags`` (re-read between rounds); returns an exit code."""
@@ -151,6 +172,7 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
                            display_name=cfg.display_name or f"{cfg.model}/{cfg.peft}",
                            tokenizer_json=policy.tokenizer_json,
                            retry=RetryPolicy(max_outage_s=cfg.max_outage or None))
+    restore_sigterm = sigterm_as_interrupt()
     try:
         conn.register()
         node = VolunteerNode(cfg, policy, conn)
@@ -226,6 +248,7 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
         console.print("interrupted; the last checkpoint is kept")
         return ExitCode.INTERRUPTED
     finally:
+        restore_sigterm()
         conn.close()
     console.print(f"done: {node.round} rounds, metrics in {node.metrics_path}")
     return ExitCode.OK
