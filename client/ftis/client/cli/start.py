@@ -134,7 +134,11 @@ def sigterm_as_interrupt() -> Callable[[], None]:
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
 
 
 def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
