@@ -41,7 +41,7 @@ from ftis.lab.harness.coordinator import (
     model_card,
     tokenizer_fp,
 )
-from ftis.lab.harness.trust_swarm import Node, Swarm
+from ftis.lab.harness.trust_swarm import Node, Swarm, card_model, model_bundle
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import bundle_pb2, swarm_pb2, swarm_pb2_grpc
 
@@ -77,21 +77,8 @@ class World:
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    """The model card's weights: a tiny random Llama over the shared test vocabulary."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=True)).eval()
-
-
-def _model_logprobs(model: torch.nn.Module, prompt: list[int], ids: list[int]) -> list[float]:
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
-        lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids)[:, None])
-    return [float(x) for x in lp[:, 0]]
+    """The model card's weights (:func:`card_model`)."""
+    return card_model()
 
 
 def _bundle(node: Node, lease: swarm_pb2.TaskLease,
@@ -99,13 +86,7 @@ def _bundle(node: Node, lease: swarm_pb2.TaskLease,
     """An honest bundle whose log-probs are the model's; with ``model=None`` the
     harness's placeholder, a constant -0.7 per token (what a model-less node that
     computes answers sends: ftis-lab's ``answer_computer``)."""
-    bundle = node.honest_bundle(lease)
-    if model is not None:
-        for c in bundle.completions:
-            lps = _model_logprobs(model, list(bundle.prompt_token_ids), list(c.token_ids))
-            del c.logprobs[:]
-            c.logprobs.extend(lps)
-    return bundle
+    return node.honest_bundle(lease) if model is None else model_bundle(node, lease, model)
 
 
 def _submit(node: Node, n: int, model: torch.nn.Module | None) -> list[str]:

@@ -25,8 +25,8 @@ from ftis.client.node.runner import sender_feedback
 from ftis.client.swarm.external_pool import ExternalPool
 from ftis.coordinator import reputation
 from ftis.lab.harness.coordinator import VOCAB, load_tokenizer, tokenizer_fp
-from ftis.lab.harness.trust_swarm import Node, Swarm, running_swarm
-from ftis.v1 import bundle_pb2, swarm_pb2
+from ftis.lab.harness.trust_swarm import Node, Swarm, card_model, model_bundle, running_swarm
+from ftis.v1 import swarm_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -45,38 +45,14 @@ def swarm(tmp_path: Path) -> Iterator[Swarm]:
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    """The model card's weights: a tiny random Llama over the shared test vocabulary."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=True)).eval()
-
-
-def _model_logprobs(model: torch.nn.Module, prompt: list[int], ids: list[int]) -> list[float]:
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
-        lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids)[:, None])
-    return [float(x) for x in lp[:, 0]]
-
-
-def _model_bundle(node: Node, lease: swarm_pb2.TaskLease, model: torch.nn.Module,
-                  shade: float = 0.0) -> bundle_pb2.Bundle:
-    """An honest bundle whose log-probs are the model's, each lowered by ``shade``."""
-    bundle = node.honest_bundle(lease)
-    for c in bundle.completions:
-        lps = _model_logprobs(model, list(bundle.prompt_token_ids), list(c.token_ids))
-        del c.logprobs[:]
-        c.logprobs.extend(lp - shade for lp in lps)
-    return bundle
+    """The model card's weights (:func:`card_model`)."""
+    return card_model()
 
 
 def _submit(node: Node, model: torch.nn.Module, n: int, shade: float = 0.0) -> list[str]:
     ids = []
     for lease in node.lease(n):
-        reply = node.submit_bundle(_model_bundle(node, lease, model, shade))
+        reply = node.submit_bundle(model_bundle(node, lease, model, shade))
         assert reply.error.code == 0, reply.error
         ids.append(reply.bundle_id)
     return ids

@@ -234,3 +234,36 @@ def running_swarm(tmp_path: Path, **config: Any) -> Iterator[Swarm]:
     finally:
         channel.close()
         server.stop(grace=1.0)
+
+
+def card_model() -> Any:
+    """The weights of the trust tests' model card: a tiny random Llama (1 layer, hidden
+    size 32, seed 0) over the shared test vocabulary (:data:`VOCAB`), in eval mode; a
+    ``torch.nn.Module``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True)).eval()
+
+
+def model_bundle(node: Node, lease: swarm_pb2.TaskLease, model: Any,
+                 shade: float = 0.0) -> bundle_pb2.Bundle:
+    """``node``'s honest bundle for ``lease`` whose per-token log-probs are ``model``'s
+    (nats, float32 log-softmax of the token after each prefix), each lowered by
+    ``shade`` nats (a log-prob shader's forgery; 0 for an honest sender)."""
+    import torch
+
+    bundle = node.honest_bundle(lease)
+    prompt = list(bundle.prompt_token_ids)
+    for c in bundle.completions:
+        ids = list(c.token_ids)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
+            lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids)[:, None])
+        del c.logprobs[:]
+        c.logprobs.extend(float(x) - shade for x in lp[:, 0])
+    return bundle
