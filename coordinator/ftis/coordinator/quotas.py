@@ -31,6 +31,7 @@ Limits (all in :class:`~ftis.coordinator.config.CoordinatorConfig`):
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import threading
 import time
@@ -192,6 +193,17 @@ def host_in(host: str, networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Net
                for n in networks)
 
 
+@functools.lru_cache(maxsize=4096)
+def budget_host(connection: str,
+                exempt: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+                ) -> str | None:
+    """The host (:func:`peer_host`) whose refusal budget ``connection`` shares, or
+    ``None`` for hosts in ``exempt`` and connections without one (memoised: parsing an
+    IPv6 peer costs more than the bucket lookup it keys)."""
+    host = peer_host(connection)
+    return None if not host or host_in(host, exempt) else host
+
+
 class Quotas:
     """The per-process quotas of the coordinator (bundle quotas are counted in the
     database instead, so that they hold across worker processes: ``verify.check_quota``).
@@ -345,7 +357,6 @@ class ConnectionBudget:
             else RateLimiter(host_burst, period_s=host_burst / host_refusals_per_s,
                              clock=clock))
         self.host_exempt = tuple(ipaddress.ip_network(n, strict=False) for n in host_exempt)
-        self._hosts: dict[str, str | None] = {}
         self.delay_s = delay_s
         self.max_delayed = max_delayed
         self.waiting_per_delay = waiting_per_delay
@@ -362,21 +373,10 @@ class ConnectionBudget:
         return self.waiting_per_delay / self.delay_s if self.delay_s > 0 else float("inf")
 
     def _host(self, connection: str) -> str | None:
-        """``connection``'s host when it has a host budget, else ``None`` (memoised; the
-        memo is cleared at 4,096 entries)."""
+        """``connection``'s host when it has a host budget, else ``None``."""
         if self.host_refusals is None:
             return None
-        try:
-            return self._hosts[connection]
-        except KeyError:
-            pass
-        host: str | None = peer_host(connection)
-        if not host or host_in(host, self.host_exempt):
-            host = None
-        if len(self._hosts) >= 4096:
-            self._hosts.clear()
-        self._hosts[connection] = host
-        return host
+        return budget_host(connection, self.host_exempt)
 
     def limited_key(self, connection: str) -> str | None:
         """The key whose budget refuses ``connection``'s next request, or ``None`` when
