@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -192,6 +193,10 @@ def test_registration_throttling_of_new_node_ids() -> None:
     assert _register_via(service, NodeIdentity.generate(), "ipv4:10.0.0.1:9", clock.now_ms) == 0
 
 
+#: The thread-pool server's handler threads, for :func:`_refusing` called directly.
+HANDLING = threading.BoundedSemaphore(4)
+
+
 def _budget(clock: FakeClock | None = None, **kw) -> ConnectionBudget:
     settings: dict = dict(refusals_per_s=10.0, burst=20.0, delay_s=0.0, max_delayed=2)
     settings.update(kw)
@@ -206,11 +211,11 @@ def _never_called(request, context):
 def test_request_size_is_checked_before_decoding() -> None:
     handler = _refusing(lambda r, c: swarm_pb2.HeartbeatResponse(server_time_ms=len(r.node_id)),
                         swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse, "X", 64,
-                        _budget())
+                        _budget(), HANDLING)
     small = swarm_pb2.HeartbeatRequest(node_id="a" * 10).SerializeToString()
     assert handler(small, FakeContext()).server_time_ms == 10
     refuse = _refusing(_never_called, swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse,
-                       "X", 64, _budget())
+                       "X", 64, _budget(), HANDLING)
     reply = refuse(b"\xff" * 65, FakeContext())  # would not even parse
     assert reply.error.code == ErrorCode.REQUEST_TOO_LARGE and "65" in reply.error.reason
 
@@ -219,7 +224,7 @@ def test_undecodable_requests_are_refused_in_band_without_a_traceback(caplog) ->
     """Bytes that do not parse get REQUEST_INVALID from the handler (no handler work),
     not gRPC's INTERNAL with a logged traceback per request."""
     handler = _refusing(_never_called, swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse,
-                        "Heartbeat", 1 << 20, _budget())
+                        "Heartbeat", 1 << 20, _budget(), HANDLING)
     with caplog.at_level("DEBUG"):
         reply = handler(b"\xff" * 40, None)
     assert reply.error.code == ErrorCode.REQUEST_INVALID
@@ -240,7 +245,7 @@ def test_a_connection_over_its_refusal_budget_is_answered_undecoded() -> None:
         return swarm_pb2.HeartbeatResponse()
 
     handler = _refusing(behavior, swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse,
-                        "Heartbeat", 1 << 20, budget)
+                        "Heartbeat", 1 << 20, budget, HANDLING)
     attacker, honest = FakeContext("ipv4:10.0.0.9:4000"), FakeContext("ipv4:10.0.0.9:4001")
     codes = [handler(b"\xff" * 8, attacker).error.code for _ in range(20)]
     assert codes == [ErrorCode.REQUEST_INVALID] * 20
@@ -458,9 +463,9 @@ def test_unattributable_refusals_write_at_most_their_budget_of_verdict_rows() ->
 def test_the_listener_is_chosen_in_config() -> None:
     assert CoordinatorConfig(db="sqlite://").swarm_server == "threads"  # the default
     threads = CoordinatorConfig(db="sqlite://", swarm_server="threads",
-                                swarm_handler_threads=8)
-    assert connection_budget(threads).max_delayed == 4
-    assert connection_budget(CoordinatorConfig(db="sqlite://")).max_delayed == 16
+                                swarm_handler_threads=8, swarm_delay_threads=40)
+    assert connection_budget(threads).max_delayed == 40  # the delay threads, not half
+    assert connection_budget(CoordinatorConfig(db="sqlite://")).max_delayed == 256
     aio = CoordinatorConfig(db="sqlite://", swarm_server="aio")
     assert connection_budget(aio).max_delayed is None
     with pytest.raises(ValueError):

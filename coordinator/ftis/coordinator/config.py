@@ -112,15 +112,20 @@ class CoordinatorConfig(BaseSettings):
             connection's. ``host_refusal_exempt``: networks without a host budget
             (default loopback: the machine's own processes).
         swarm_server: ``"threads"`` (default): the volunteer service runs on a
-            thread-pool ``grpc.server``, at most half its threads waiting in refusal
-            delays at once; ``"aio"``: on a ``grpc.aio`` server in an event-loop
+            thread-pool ``grpc.server``, at most ``swarm_delay_threads`` requests waiting
+            in refusal delays at once; ``"aio"``: on a ``grpc.aio`` server in an event-loop
             thread, handlers in a thread pool, any number of requests over budget
             waiting as coroutines (a bound for one connection with many requests in
             flight, at about 10-15 % of ``make bench-coordinator``'s throughput;
             docs/coordinator.md, "The volunteer listener").
         swarm_handler_threads: threads the volunteer handlers run in (``"aio"``: the pool
-            the event loop hands decoded requests to; ``"threads"``: the server's worker
-            threads).
+            the event loop hands decoded requests to; ``"threads"``: at most this many of
+            the server's worker threads decode and handle requests at once).
+        swarm_delay_threads: ``"threads"`` only: extra worker threads that hold the late
+            answers of connections over their refusal budget (a sleeping thread: no CPU,
+            about 100 KiB of memory once used), so that many requests in flight on one
+            connection wait instead of being answered at once; beyond this many waiting
+            (all connections together) requests over budget are answered at once.
         rescoring_workers: worker processes that re-score submitted completions (0: in
             the serving thread).
         rescoring_budget_s: seconds one bundle's re-score may take before the bundle is
@@ -181,6 +186,7 @@ class CoordinatorConfig(BaseSettings):
     host_refusal_exempt: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
     swarm_server: Literal["aio", "threads"] = "threads"
     swarm_handler_threads: int = Field(default=32, ge=2, le=256)
+    swarm_delay_threads: int = Field(default=256, ge=1, le=4096)
     rescoring_workers: int = Field(default=1, ge=0, le=64)
     rescoring_budget_s: float = Field(default=2.0, gt=0, le=60)
     tokenizer_uploads_per_minute: float = Field(default=4, gt=0)

@@ -68,7 +68,10 @@ def connection_budget(config: CoordinatorConfig) -> ConnectionBudget:
     is a sleeping coroutine and any number may wait, each connection's delay growing with
     its requests already waiting (at most ``16 / connection_delay_s`` answers a second
     per connection). With the thread-pool server (the default) a waiting request holds a
-    worker thread, so at most half of them wait at once.
+    worker thread: the server has ``swarm_delay_threads`` threads beyond its
+    ``swarm_handler_threads`` for them, so at most that many wait at once and waiting
+    never takes a handler's thread; beyond that, requests over budget are answered at
+    once (threat model §5, item 12).
 
     gRPC's own per-connection stream limit (``grpc.max_concurrent_streams``) is not set:
     with it, the synchronous server refused sequential requests of one connection with
@@ -82,7 +85,7 @@ def connection_budget(config: CoordinatorConfig) -> ConnectionBudget:
         host_burst=config.host_refusal_burst,
         host_exempt=tuple(config.host_refusal_exempt),
         max_delayed=(None if config.swarm_server == "aio"
-                     else config.swarm_handler_threads // 2))
+                     else config.swarm_delay_threads))
 
 
 class BindError(RuntimeError):
@@ -211,10 +214,12 @@ class CoordinatorServer:
         options = self._options(swarm_grpc_options(self.config))
         if self.config.swarm_server == "threads":
             server = grpc.server(
-                ThreadPoolExecutor(self.config.swarm_handler_threads,
+                ThreadPoolExecutor(self.config.swarm_handler_threads
+                                   + self.config.swarm_delay_threads,
                                    thread_name_prefix="ftis-swarm"),
                 options=options)
-            add_swarm_service(servicer, server, limits, budget)
+            add_swarm_service(servicer, server, limits, budget,
+                              handler_threads=self.config.swarm_handler_threads)
             return server
         handlers = ThreadPoolExecutor(self.config.swarm_handler_threads,
                                       thread_name_prefix="ftis-swarm")

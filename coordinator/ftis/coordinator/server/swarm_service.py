@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -245,18 +246,21 @@ def _late_answer(response_cls: type, budget: ConnectionBudget, method: str,
 
 
 def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
-              response_cls: type, method: str, limit: int,
-              budget: ConnectionBudget) -> Callable[[bytes, Any], Any]:
+              response_cls: type, method: str, limit: int, budget: ConnectionBudget,
+              handling: threading.Semaphore) -> Callable[[bytes, Any], Any]:
     """The handler the thread-pool server (``swarm_server = "threads"``) calls with the
     request's raw bytes. In order, before anything is decoded:
 
     1. the connection (or its host) is over its refusal budget → RATE_LIMITED, answered after the
        budget's delay (``time.sleep`` holds this worker thread, not the GIL; the budget's
-       ``max_delayed`` bounds how many wait);
+       ``max_delayed``, the server's delay threads, bounds how many wait);
     2. more than ``limit`` bytes → REQUEST_TOO_LARGE;
     3. bytes that do not decode as ``request_cls`` → REQUEST_INVALID (:func:`_decode`);
 
-    then ``behavior``. Every in-band refusal is counted against the connection."""
+    then ``behavior``. Steps 2, 3 and ``behavior`` run while holding ``handling`` (the
+    handler threads: the server has more worker threads than that, the rest for the
+    delays of step 1, so that waiting requests never take a handler's place). Every
+    in-band refusal is counted against the connection."""
 
     def handle(data: bytes, context: Any) -> Any:
         started = time.perf_counter()
@@ -269,9 +273,10 @@ def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
             finally:
                 budget.end_delay(limited, delay_s)
             return _late_answer(response_cls, budget, method, started)
-        request, response = _decode(data, request_cls, response_cls, method, limit)
-        if request is not None:
-            response = behavior(request, context)
+        with handling:
+            request, response = _decode(data, request_cls, response_cls, method, limit)
+            if request is not None:
+                response = behavior(request, context)
         return _answered(response, connection, method, started, budget)
 
     return handle
@@ -340,7 +345,7 @@ def _serialize(response: Any) -> bytes:
 
 def add_swarm_service(servicer: SwarmService, server: grpc.Server | grpc.aio.Server,
                       limits: dict[str, int], budget: ConnectionBudget,
-                      executor: Executor | None = None) -> None:
+                      executor: Executor | None = None, handler_threads: int = 32) -> None:
     """Register ``servicer`` on ``server``: each method gets the request's raw bytes,
     which are checked against the connection's refusal ``budget`` and the method's size
     limit (``limits``, bytes) before decoding. Same wire contract as the generated
@@ -350,12 +355,16 @@ def add_swarm_service(servicer: SwarmService, server: grpc.Server | grpc.aio.Ser
         executor: for a ``grpc.aio`` server, the bounded pool the (synchronous) handlers
             run in (:func:`_refusing_async`); ``None`` for a thread-pool ``grpc.server``,
             whose handlers run in its worker threads (:func:`_refusing`).
+        handler_threads: thread-pool server only: how many of its worker threads may
+            decode and handle requests at once (the others only wait out refusal delays).
     """
+    handling = threading.BoundedSemaphore(handler_threads)
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method, (request_cls, response_cls) in _METHODS.items():
         behavior = getattr(servicer, method)
         handle: Callable[[bytes, Any], Any] = (
-            _refusing(behavior, request_cls, response_cls, method, limits[method], budget)
+            _refusing(behavior, request_cls, response_cls, method, limits[method], budget,
+                      handling)
             if executor is None else
             _refusing_async(behavior, request_cls, response_cls, method, limits[method],
                             budget, executor))
