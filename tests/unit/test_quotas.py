@@ -535,3 +535,67 @@ def test_host_budget_settings_are_checked() -> None:
     for _ in range(100):
         budget.record_refusal(f"ipv4:127.0.0.1:{_}", ErrorCode.REQUEST_INVALID)
     assert budget.limited_key("ipv4:127.0.0.1:5000") == "127.0.0.1"
+
+
+def test_one_connection_is_handled_at_most_max_handling_at_a_time() -> None:
+    """A connection with 3 requests being handled (``max_handling`` 3) gets RATE_LIMITED
+    at once for a 4th, undecoded, and that refusal counts against its budget; another
+    connection is handled meanwhile; once one of the 3 is answered the connection is
+    handled again. On the thread-pool listener this keeps one connection from holding
+    every handler thread (its relay pages then queue everyone's requests)."""
+    budget = _budget(max_handling=3)
+    inside, release = threading.Semaphore(0), threading.Event()
+
+    def behavior(request, context):
+        inside.release()
+        if request.node_id == "slow":
+            assert release.wait(10)
+        return swarm_pb2.HeartbeatResponse(server_time_ms=1)
+
+    handler = _refusing(behavior, swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse,
+                        "Heartbeat", 1 << 20, budget, threading.BoundedSemaphore(32))
+    slow = swarm_pb2.HeartbeatRequest(node_id="slow").SerializeToString()
+    fast = swarm_pb2.HeartbeatRequest(node_id="fast").SerializeToString()
+    attacker, other = FakeContext("ipv4:10.0.0.9:4000"), FakeContext("ipv4:10.0.0.7:4000")
+    with ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(handler, slow, attacker) for _ in range(3)]
+        for _ in range(3):
+            assert inside.acquire(timeout=10)
+        assert budget.handling("ipv4:10.0.0.9:4000") == 3
+        available = budget.refusals.available("ipv4:10.0.0.9:4000")
+        reply = handler(fast, attacker)
+        assert reply.error.code == ErrorCode.RATE_LIMITED
+        assert "more than 3 requests of this connection" in reply.error.reason
+        assert budget.refusals.available("ipv4:10.0.0.9:4000") == available - 1
+        assert handler(fast, other).server_time_ms == 1  # another connection: handled
+        release.set()
+        assert [f.result(timeout=10).server_time_ms for f in held] == [1, 1, 1]
+    assert budget.handling("ipv4:10.0.0.9:4000") == 0
+    assert handler(fast, attacker).server_time_ms == 1
+    with pytest.raises(ValueError):
+        _budget(max_handling=0)
+
+
+def test_the_async_handler_caps_a_connections_requests_being_handled() -> None:
+    """The event-loop listener applies the same cap before its thread hop."""
+    budget = _budget(max_handling=1)
+    release = threading.Event()
+
+    def behavior(request, context):
+        assert release.wait(10)
+        return swarm_pb2.HeartbeatResponse(server_time_ms=1)
+
+    good = swarm_pb2.HeartbeatRequest(node_id="n").SerializeToString()
+
+    async def run() -> list[int]:
+        with ThreadPoolExecutor(2) as pool:
+            handler = _refusing_async(behavior, swarm_pb2.HeartbeatRequest,
+                                      swarm_pb2.HeartbeatResponse, "Heartbeat", 1 << 20,
+                                      budget, pool)
+            first = asyncio.ensure_future(handler(good, FakeContext("ipv4:10.0.0.9:4000")))
+            await asyncio.sleep(0.05)
+            second = await handler(good, FakeContext("ipv4:10.0.0.9:4000"))
+            release.set()
+            return [(await first).server_time_ms, second.error.code]
+
+    assert asyncio.run(run()) == [1, ErrorCode.RATE_LIMITED]

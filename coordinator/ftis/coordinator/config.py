@@ -104,6 +104,9 @@ class CoordinatorConfig(BaseSettings):
             beyond them its requests are answered RATE_LIMITED after
             ``connection_delay_s`` seconds, undecoded
             (:class:`~ftis.coordinator.quotas.ConnectionBudget`).
+        connection_max_handling: requests of one connection decoded or handled at once;
+            the next is refused at once (RATE_LIMITED, counted against the connection's
+            budget), so one connection cannot take every handler thread.
         connection_delay_s: seconds a request over its connection's budget waits while at
             most 16 of that connection's requests wait (more: proportionally longer).
         host_refusals_per_s, host_refusal_burst: the same budget for all connections of
@@ -181,6 +184,7 @@ class CoordinatorConfig(BaseSettings):
     connection_refusals_per_s: float = Field(default=10, gt=0)
     connection_refusal_burst: float = Field(default=20, gt=0)
     connection_delay_s: float = Field(default=0.25, ge=0, le=10)
+    connection_max_handling: int = Field(default=8, ge=1, le=256)
     host_refusals_per_s: float = Field(default=50, gt=0)
     host_refusal_burst: float = Field(default=100, gt=0)
     host_refusal_exempt: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])

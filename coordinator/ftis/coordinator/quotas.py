@@ -329,10 +329,15 @@ class ConnectionBudget:
         host_refusals_per_s, host_burst: the same for all connections of one host
             together, or ``None`` (both) for no per-host budget.
         host_exempt: networks (``"127.0.0.0/8"``) whose hosts have no host budget.
+        max_handling: requests of one connection decoded or handled at once (more are
+            refused at once, RATE_LIMITED, and counted as refusals: an honest client
+            sends one request at a time), or ``None`` for no cap. Without it one
+            connection with many requests in flight takes every handler thread, and its
+            work (say, relay pages) queues the other nodes' requests behind it.
         clock: seconds.
 
     Raises:
-        ValueError: non-positive ``refusals_per_s``, ``burst``, ``max_delayed``,
+        ValueError: non-positive ``refusals_per_s``, ``burst``, ``max_delayed``, ``max_handling``,
             ``waiting_per_delay``, ``host_refusals_per_s`` or ``host_burst``, only one of
             the last two given, a negative ``delay_s``, or a ``host_exempt`` entry that
             is not a network.
@@ -342,11 +347,13 @@ class ConnectionBudget:
                  max_delayed: int | None = None, waiting_per_delay: int = 16,
                  host_refusals_per_s: float | None = None, host_burst: float | None = None,
                  host_exempt: tuple[str, ...] = LOOPBACK_NETWORKS,
+                 max_handling: int | None = None,
                  clock: Seconds = time.monotonic) -> None:
         if (refusals_per_s <= 0 or burst <= 0 or waiting_per_delay <= 0 or delay_s < 0
-                or (max_delayed is not None and max_delayed <= 0)):
-            raise ValueError("refusals_per_s, burst, max_delayed and waiting_per_delay "
-                             "must be > 0, delay_s >= 0")
+                or (max_delayed is not None and max_delayed <= 0)
+                or (max_handling is not None and max_handling <= 0)):
+            raise ValueError("refusals_per_s, burst, max_delayed, max_handling and "
+                             "waiting_per_delay must be > 0, delay_s >= 0")
         if (host_refusals_per_s is None) != (host_burst is None) or (
                 host_refusals_per_s is not None and host_burst is not None
                 and (host_refusals_per_s <= 0 or host_burst <= 0)):
@@ -360,9 +367,11 @@ class ConnectionBudget:
         self.delay_s = delay_s
         self.max_delayed = max_delayed
         self.waiting_per_delay = waiting_per_delay
+        self.max_handling = max_handling
         self._lock = threading.Lock()
         self._delayed = 0
         self._waiting: dict[str, int] = {}
+        self._handling: dict[str, int] = {}
         #: requests answered RATE_LIMITED for their connection's budget (late or not)
         self.answered_over_budget = 0
 
@@ -403,6 +412,32 @@ class ConnectionBudget:
             host = self._host(connection)
             if host is not None and self.host_refusals is not None:
                 self.host_refusals.try_take(host)
+
+    def start_handling(self, connection: str) -> bool:
+        """Whether a request of ``connection`` may be decoded and handled now: ``False``
+        when ``max_handling`` of its requests are being handled already (the caller then
+        refuses it, RATE_LIMITED, which counts against the budget). Pair every ``True``
+        with :meth:`end_handling`. No cap when ``max_handling`` is ``None``."""
+        with self._lock:
+            handling = self._handling.get(connection, 0)
+            if self.max_handling is not None and handling >= self.max_handling:
+                return False
+            self._handling[connection] = handling + 1
+            return True
+
+    def end_handling(self, connection: str) -> None:
+        """A request that :meth:`start_handling` admitted was answered."""
+        with self._lock:
+            left = self._handling.get(connection, 0) - 1
+            if left > 0:
+                self._handling[connection] = left
+            else:
+                self._handling.pop(connection, None)
+
+    def handling(self, connection: str) -> int:
+        """Requests of ``connection`` being decoded or handled now."""
+        with self._lock:
+            return self._handling.get(connection, 0)
 
     def delay_for(self, waiting: int) -> float:
         """Seconds a request waits when ``waiting`` requests of its connection (itself

@@ -84,6 +84,7 @@ def connection_budget(config: CoordinatorConfig) -> ConnectionBudget:
         host_refusals_per_s=config.host_refusals_per_s,
         host_burst=config.host_refusal_burst,
         host_exempt=tuple(config.host_refusal_exempt),
+        max_handling=config.connection_max_handling,
         max_delayed=(None if config.swarm_server == "aio"
                      else config.swarm_delay_threads))
 

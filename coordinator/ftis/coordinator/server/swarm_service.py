@@ -208,6 +208,13 @@ def _over_budget_response(response_cls: type, budget: ConnectionBudget) -> Any:
                f"{budget.refusals.rate:g} times per second; slow down"))
 
 
+def _too_many_response(response_cls: type, budget: ConnectionBudget) -> Any:
+    return response_cls(error=common_pb2.Error(
+        code=ErrorCode.RATE_LIMITED,
+        reason=f"more than {budget.max_handling} requests of this connection are being "
+               "handled at once; send them one after another"))
+
+
 def _decode(data: bytes, request_cls: type[Message], response_cls: type, method: str,
             limit: int) -> tuple[Message | None, Any]:
     """``(request, None)``, or ``(None, refusal)`` for more than ``limit`` bytes
@@ -257,7 +264,9 @@ def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
     2. more than ``limit`` bytes → REQUEST_TOO_LARGE;
     3. bytes that do not decode as ``request_cls`` → REQUEST_INVALID (:func:`_decode`);
 
-    then ``behavior``. Steps 2, 3 and ``behavior`` run while holding ``handling`` (the
+    then ``behavior``. A connection with ``budget.max_handling`` requests past step 1
+    already gets RATE_LIMITED at once for the next (counted as a refusal). Steps 2, 3
+    and ``behavior`` run while holding ``handling`` (the
     handler threads: the server has more worker threads than that, the rest for the
     delays of step 1, so that waiting requests never take a handler's place). Every
     in-band refusal is counted against the connection."""
@@ -273,10 +282,16 @@ def _refusing(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
             finally:
                 budget.end_delay(limited, delay_s)
             return _late_answer(response_cls, budget, method, started)
-        with handling:
-            request, response = _decode(data, request_cls, response_cls, method, limit)
-            if request is not None:
-                response = behavior(request, context)
+        if not budget.start_handling(connection):
+            return _answered(_too_many_response(response_cls, budget), connection, method,
+                             started, budget)
+        try:
+            with handling:
+                request, response = _decode(data, request_cls, response_cls, method, limit)
+                if request is not None:
+                    response = behavior(request, context)
+        finally:
+            budget.end_handling(connection)
         return _answered(response, connection, method, started, budget)
 
     return handle
@@ -317,11 +332,17 @@ def _refusing_async(behavior: Callable[[Any, Any], Any], request_cls: type[Messa
             finally:
                 budget.end_delay(limited, delay_s)
             return _late_answer(response_cls, budget, method, started)
-        request, response = _decode(data, request_cls, response_cls, method, limit)
-        if request is not None:
-            loop = asyncio.get_running_loop()
-            response = await loop.run_in_executor(executor, behavior, request,
-                                                  Caller(connection))
+        if not budget.start_handling(connection):
+            return _answered(_too_many_response(response_cls, budget), connection, method,
+                             started, budget)
+        try:
+            request, response = _decode(data, request_cls, response_cls, method, limit)
+            if request is not None:
+                loop = asyncio.get_running_loop()
+                response = await loop.run_in_executor(executor, behavior, request,
+                                                      Caller(connection))
+        finally:
+            budget.end_handling(connection)
         return _answered(response, connection, method, started, budget)
 
     return handle
