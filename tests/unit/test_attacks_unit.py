@@ -482,3 +482,23 @@ def test_third_party_replay_of_a_relayed_envelope_does_not_hurt_the_signer():
     assert not [e for e in coord.evidence(victim.node_id) if e.weight < 0]
     (lease2,) = coord.lease_tasks(victim.node_id, 1, 2, 16)
     coord.submit_bundle(seal("bundle", build_bundle(lease2, victim, seed=1), victim))
+
+
+def test_security_swarm_config_seeds_the_honest_nodes_for_the_audit(tmp_path: Path) -> None:
+    """``--audit-reporters k`` writes a per-run copy of the coordinator config with
+    ``reputation.audit_reporters`` = k and the honest ids as ``audit_seed_nodes``, keeping
+    the rest; 0 uses the config file as it is."""
+    from ftis.coordinator.config import load_config
+    from ftis.lab.experiment.security import swarm_config
+
+    base = tmp_path / "coordinator.json"
+    base.write_text(json.dumps({"tasks": [{"dataset": "letter_counting"}], "task_seed": 1,
+                                "reputation": {"probation_bundles": 4}}))
+    assert swarm_config(base, tmp_path / "run", 0, ["b", "a"]) == base
+    run = tmp_path / "run"
+    run.mkdir()
+    path = swarm_config(base, run, 2, ["b" * 32, "a" * 32])
+    assert path == run / "coordinator.json"
+    cfg = load_config(path)
+    assert cfg.reputation.audit_reporters == 2 and cfg.reputation.probation_bundles == 4
+    assert cfg.audit_seed_nodes == ["a" * 32, "b" * 32] and cfg.task_seed == 1

@@ -134,6 +134,9 @@ def security_experiment(
     threads: Annotated[int, typer.Option(help="torch threads per client")] = 1,
     reanalyze: Annotated[bool, typer.Option(
         help="run nothing: rebuild the table and plot from the runs already in OUT")] = False,
+    audit_reporters: Annotated[int, typer.Option(
+        min=0, help="audit-based probation with k reporters, the honest nodes as seeds "
+                    "(0: the config's own setting)")] = 0,
 ) -> None:
     """Attack a local swarm kind by kind; write results.jsonl, results.md and rewards.png."""
     from ftis.lab.attack import ATTACK_KINDS
@@ -150,7 +153,8 @@ def security_experiment(
                                 config=config, local_groups=local_groups,
                                 external_groups=external_groups, group_size=group_size,
                                 max_new_tokens=max_new_tokens, learning_rate=learning_rate,
-                                threads=threads, baseline=baseline)
+                                threads=threads, baseline=baseline,
+                                audit_reporters=audit_reporters)
     records = (security.reanalyze(settings) if reanalyze
                else security.run_security_experiment(settings, console=console))
     console.print((out / "results.md").read_text())

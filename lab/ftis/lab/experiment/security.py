@@ -81,6 +81,10 @@ class SecuritySettings:
         config: coordinator ``--config`` file; ``None`` writes ``letter_counting``.
         baseline: also run an attack-free swarm.
         attack_args: extra ``ftis-lab attack`` flags per kind.
+        audit_reporters: ``reputation.audit_reporters`` of every swarm's coordinator (0:
+            the config's own); with k > 0 the two honest nodes are the audit's seeds
+            (``audit_seed_nodes``: their ids, generated before the coordinator starts),
+            so that attackers on probation are relayed to them for audit only.
     """
 
     out: Path
@@ -98,6 +102,21 @@ class SecuritySettings:
     timeout_s: float = 900.0
     attack_args: dict[str, list[str]] = field(default_factory=dict)
     poll_s: float = 0.2
+    audit_reporters: int = 0
+
+
+def swarm_config(config: Path, run_dir: Path, audit_reporters: int,
+                 seeds: list[str]) -> Path:
+    """``config`` itself, or with ``audit_reporters`` > 0 a copy in ``run_dir`` with
+    ``reputation.audit_reporters`` set and ``seeds`` as ``audit_seed_nodes``."""
+    if audit_reporters <= 0:
+        return config
+    data = json.loads(config.read_text())
+    data.setdefault("reputation", {})["audit_reporters"] = audit_reporters
+    data["audit_seed_nodes"] = sorted(seeds)
+    path = run_dir / "coordinator.json"
+    path.write_text(json.dumps(data, indent=1))
+    return path
 
 
 # -- admin polling ----------------------------------------------------------------------------
@@ -246,6 +265,8 @@ def run_swarm(settings: SecuritySettings, name: str, kinds: list[str], model: st
            for n in [*HONEST, *(f"attacker-{k}" for k in kinds)]}
     common = _common_args(settings, model)
     t0 = time.time()
+    config = swarm_config(config, run_dir, settings.audit_reporters,
+                          [ids[n] for n in HONEST])
     proc, listen, admin = start_coordinator(run_dir, ["--config", str(config)])
     swarm = Swarm(out=run_dir, coordinator=proc, listen=listen, admin=admin)
     poller = AdminPoller(admin, run_dir / "timeline.jsonl", settings.poll_s)
