@@ -205,3 +205,41 @@ def test_a_rate_limited_report_is_skipped_and_other_rejections_raise() -> None:
     with pytest.raises(FtisError) as info:
         report_metrics(Conn(ErrorCode.FEEDBACK_INVALID), 5, {}, [])
     assert info.value.code == ErrorCode.FEEDBACK_INVALID
+
+
+def test_a_rate_limited_heartbeat_does_not_lose_the_round_and_beats_are_paced() -> None:
+    """A node whose rounds take under a second (a tiny model) sent one Heartbeat a round,
+    more than the coordinator's 60 a minute, and lost the round on the RATE_LIMITED reply
+    (found by the security experiment: 9-11 of 20 honest rounds). Now a refused heartbeat
+    is skipped (the last reputation kept), other rejections still raise, and beats are at
+    least ``HEARTBEAT_MIN_INTERVAL_S`` apart."""
+    from ftis.client.node.runner import HEARTBEAT_MIN_INTERVAL_S, VolunteerNode, heartbeat
+
+    class Conn:
+        def __init__(self) -> None:
+            self.code: int | None = None
+            self.beats: list[int] = []
+
+        def heartbeat(self, policy_version: int) -> swarm_pb2.HeartbeatResponse:
+            self.beats.append(policy_version)
+            if self.code is not None:
+                raise FtisError(self.code, "no")
+            return swarm_pb2.HeartbeatResponse(reputation=0.75)
+
+    conn = Conn()
+    assert heartbeat(conn, 1).reputation == 0.75
+    conn.code = ErrorCode.RATE_LIMITED
+    assert heartbeat(conn, 2) is None
+    conn.code = ErrorCode.NODE_BANNED
+    with pytest.raises(FtisError):
+        heartbeat(conn, 3)
+
+    node = object.__new__(VolunteerNode)  # only what beat() touches
+    node.conn, node.round, node._last_beat_s, node._reputation = Conn(), 0, None, 0.0
+    assert node.beat(now=100.0) == 0.75 and node.conn.beats == [0]
+    node.round = 1
+    assert node.beat(now=100.0 + HEARTBEAT_MIN_INTERVAL_S / 2) == 0.75  # not sent
+    assert node.conn.beats == [0]
+    node.conn.code = ErrorCode.RATE_LIMITED
+    assert node.beat(now=100.0 + HEARTBEAT_MIN_INTERVAL_S) == 0.75  # refused: kept
+    assert node.conn.beats == [0, 1]

@@ -135,6 +135,30 @@ def report_metrics(conn: SwarmConnection, step: int, stats: dict[str, float],
     return True
 
 
+#: Seconds between two heartbeats of a node at least: a node whose rounds are faster
+#: (a tiny model, a small model on a GPU) beats every other round or less, staying
+#: within the coordinator's quota of 60 a minute.
+HEARTBEAT_MIN_INTERVAL_S = 1.0
+
+
+def heartbeat(conn: SwarmConnection, policy_version: int
+              ) -> swarm_pb2.HeartbeatResponse | None:
+    """One Heartbeat, or ``None`` (logged, the round goes on) when the coordinator's
+    Heartbeat quota refused it: a heartbeat only reports liveness and reads the node's
+    reputation, so losing one must not lose the round.
+
+    Raises:
+        FtisError: any other coded rejection.
+    """
+    try:
+        return conn.heartbeat(policy_version)
+    except FtisError as exc:
+        if exc.code != ErrorCode.RATE_LIMITED:
+            raise
+        log.warning("heartbeat of round %d refused: %s", policy_version, exc)
+        return None
+
+
 class NodeHooks(Protocol):
     """What a node does with each bundle it made and with its round's feedback.
 
@@ -221,6 +245,9 @@ class VolunteerNode:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.round = 0
         self._registrations_seen = 0
+        #: monotonic time of the last heartbeat sent, and the reputation it returned
+        self._last_beat_s: float | None = None
+        self._reputation = 0.0
         #: process start -> policy loaded, set by the CLI; logged once, in the first round
         self.startup_seconds: float | None = None
         self.metrics_path = self.out / "metrics.jsonl"
@@ -258,8 +285,21 @@ class VolunteerNode:
     # update, report). :meth:`run_round` runs them back to back; ftis-lab's simulator
     # (``ftis-lab simulate``) runs each phase on a Flower message, so that the bundles of
     # every learner are stored before any learner pulls.
+    def beat(self, now: float | None = None) -> float:
+        """A heartbeat unless one was sent less than :data:`HEARTBEAT_MIN_INTERVAL_S`
+        ago (``now``: ``time.monotonic()`` seconds); returns the node's reputation as
+        the last answered heartbeat gave it (0.0 before any)."""
+        now = time.monotonic() if now is None else now
+        if self._last_beat_s is None or now - self._last_beat_s >= HEARTBEAT_MIN_INTERVAL_S:
+            self._last_beat_s = now
+            reply = heartbeat(self.conn, self.round)
+            if reply is not None:
+                self._reputation = float(reply.reputation)
+        return self._reputation
+
     def sample(self, stats: dict[str, float]) -> list[PendingBundle]:
-        """Phase 1: heartbeat, lease ``local_groups`` tasks, sample ``group_size``
+        """Phase 1: heartbeat (at most one per :data:`HEARTBEAT_MIN_INTERVAL_S`; a
+        refused one skipped), lease ``local_groups`` tasks, sample ``group_size``
         completions per task and make the bundles (:meth:`make_bundle`, then the hooks).
 
         Args:
@@ -270,8 +310,7 @@ class VolunteerNode:
             one :class:`PendingBundle` per leased task, in lease order.
         """
         cfg, pol = self.config, self.policy
-        beat = self.conn.heartbeat(self.round)
-        stats["reputation"] = float(beat.reputation)
+        stats["reputation"] = self.beat()
         leases = self.conn.lease_tasks(cfg.local_groups, cfg.group_size, cfg.max_new_tokens)
         prompts = [pol.prompt_token_ids([{"role": m.role, "content": m.content}
                                          for m in lease.messages]) for lease in leases]
