@@ -485,18 +485,21 @@ def test_third_party_replay_of_a_relayed_envelope_does_not_hurt_the_signer():
 
 
 def test_security_swarm_config_seeds_the_honest_nodes_for_the_audit(tmp_path: Path) -> None:
-    """``--audit-reporters k`` writes a per-run copy of the coordinator config with
+    """Each swarm gets a per-run copy of the coordinator config with the Heartbeat quota
+    raised for the harness's probes and, with ``--audit-reporters k``,
     ``reputation.audit_reporters`` = k and the honest ids as ``audit_seed_nodes``, keeping
-    the rest; 0 uses the config file as it is."""
+    the rest."""
     from ftis.coordinator.config import load_config
     from ftis.lab.experiment.security import swarm_config
 
     base = tmp_path / "coordinator.json"
     base.write_text(json.dumps({"tasks": [{"dataset": "letter_counting"}], "task_seed": 1,
                                 "reputation": {"probation_bundles": 4}}))
-    assert swarm_config(base, tmp_path / "run", 0, ["b", "a"]) == base
     run = tmp_path / "run"
     run.mkdir()
+    plain = load_config(swarm_config(base, run, 0, ["b", "a"]))
+    assert plain.heartbeats_per_minute == 600 and plain.reputation.audit_reporters == 0
+    assert plain.audit_seed_nodes == [] and plain.reputation.probation_bundles == 4
     path = swarm_config(base, run, 2, ["b" * 32, "a" * 32])
     assert path == run / "coordinator.json"
     cfg = load_config(path)

@@ -105,15 +105,26 @@ class SecuritySettings:
     audit_reporters: int = 0
 
 
+#: Heartbeats a minute each node may send in these swarms, at least. Every node's
+#: harness sends two probes per submission (its quarantine flag before and after), on
+#: top of the client's own heartbeat, and tiny-model rounds take about a second: with
+#: the production quota of 60 the probes were refused, and the refusals emptied the
+#: honest nodes' connection budgets, so that their bundles were answered RATE_LIMITED.
+PROBE_HEARTBEATS_PER_MINUTE = 600.0
+
+
 def swarm_config(config: Path, run_dir: Path, audit_reporters: int,
                  seeds: list[str]) -> Path:
-    """``config`` itself, or with ``audit_reporters`` > 0 a copy in ``run_dir`` with
-    ``reputation.audit_reporters`` set and ``seeds`` as ``audit_seed_nodes``."""
-    if audit_reporters <= 0:
-        return config
+    """A copy of ``config`` in ``run_dir`` with ``heartbeats_per_minute`` raised to at
+    least :data:`PROBE_HEARTBEATS_PER_MINUTE` (the harness's probes are measurement, not
+    node behaviour) and, with ``audit_reporters`` > 0, ``reputation.audit_reporters``
+    set and ``seeds`` as ``audit_seed_nodes``."""
     data = json.loads(config.read_text())
-    data.setdefault("reputation", {})["audit_reporters"] = audit_reporters
-    data["audit_seed_nodes"] = sorted(seeds)
+    data["heartbeats_per_minute"] = max(float(data.get("heartbeats_per_minute", 0)),
+                                        PROBE_HEARTBEATS_PER_MINUTE)
+    if audit_reporters > 0:
+        data.setdefault("reputation", {})["audit_reporters"] = audit_reporters
+        data["audit_seed_nodes"] = sorted(seeds)
     path = run_dir / "coordinator.json"
     path.write_text(json.dumps(data, indent=1))
     return path
