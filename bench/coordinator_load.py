@@ -14,7 +14,8 @@ throughput limits the load. How bundles are built and why they verify:
 ``bench/coordinator_load_node.py``; the process, databases and psutil sampling:
 ``bench/coordinator_load_server.py``.
 
-Per configuration (``sqlite``: one worker; ``postgresql``: ``--workers 2``, run only
+Per configuration (``sqlite``: one worker; ``sqlite:2``: ``--workers 2`` on the same
+file, their writers queued on one lock file; ``postgresql``: ``--workers 2``, run only
 when ``serve`` has ``--workers`` and a server is available) and N, after ``--warmup``
 seconds, for ``--seconds``: verified bundles/s (SubmitBundle replies without error whose
 verified rewards equal the claims), relayed bundles/s, p50/p99 latency per RPC, every
@@ -26,8 +27,14 @@ at the end of the run (``load``: other processes share the CPUs).
 ``--soak-s S``: one configuration at N = 32 for S seconds, RSS every 30 s and the RSS
 slope (MB/min) at the end.
 
+``floor`` (``--configs floor``) is the reference: the same listener answering with canned
+replies (``bench/coordinator_floor_server.py``), so the same loop costs only the gRPC
+transport, protobuf and the listener's own checks; each served configuration's rate is
+printed as a share of the floor's at the same N.
+
 The last line is ``bundles_per_s=<x> p99_submit_ms=<y>`` of the best configuration at
-N = 32 (the largest N run when 32 is not among ``--volunteers``).
+N = 32 (the largest N run when 32 is not among ``--volunteers``; the floor counts only
+when it is the only configuration run).
 
 Usage: ``python bench/coordinator_load.py --volunteers 1,8,32,128 --seconds 20``
 """
@@ -37,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -59,6 +67,8 @@ from coordinator_load_node import (  # noqa: E402
 from coordinator_load_server import (  # noqa: E402
     CoordinatorProcess,
     Database,
+    FloorProcess,
+    FloorTarget,
     PostgresDatabase,
     SqliteDatabase,
     TreeSampler,
@@ -99,7 +109,11 @@ def run_one(db: Database, material: Material, n: int, args: argparse.Namespace,
     ``args.warmup`` + ``seconds`` seconds; the coordinator is stopped afterwards."""
     tag = f"{db.name}-n{n}{'-soak' if soak else ''}"
     url = db.fresh(workdir, tag)
-    coord = CoordinatorProcess(workdir, url, tag, db.workers, source=args.source)
+    if isinstance(db, FloorTarget):
+        coord = FloorProcess(workdir, url, tag, source=args.source)
+        coord.group_size = material.group_size
+    else:
+        coord = CoordinatorProcess(workdir, url, tag, db.workers, source=args.source)
     sampler: TreeSampler | None = None
     db_sampler: TreeSampler | None = None
     reporter: threading.Thread | None = None
@@ -232,8 +246,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="measured seconds per configuration and N (default 20)")
     ap.add_argument("--warmup", type=float, default=3.0,
                     help="seconds of load before the measurement starts (default 3)")
-    ap.add_argument("--configs", default="sqlite,postgresql",
-                    help="comma-separated: sqlite, postgresql (default both)")
+    ap.add_argument("--configs", default="floor,sqlite,sqlite:2,postgresql",
+                    help="comma-separated: sqlite (--sqlite-workers workers), sqlite:N "
+                         "(N workers), postgresql (2 workers), floor (the listener with "
+                         "canned replies: the transport's own cost); default "
+                         "floor,sqlite,sqlite:2,postgresql")
+    ap.add_argument("--sqlite-workers", type=int, default=1,
+                    help="serve --workers for the sqlite configuration (default 1)")
     ap.add_argument("--pg-url", default="",
                     help="PostgreSQL server URL (postgresql+psycopg://user@host/db); "
                          "default env FTIS_BENCH_PG_URL; a fresh database is created per run")
@@ -260,9 +279,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.source = Path(args.coordinator_src).resolve() if args.coordinator_src else None
     args.n_list = [int(x) for x in args.volunteers.split(",") if x.strip()]
     args.config_list = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = set(args.config_list) - {"sqlite", "postgresql"}
+    unknown = {c for c in args.config_list
+               if c not in ("sqlite", "postgresql", "floor")
+               and not re.fullmatch(r"sqlite:[1-9][0-9]*", c)}
     if unknown or not args.config_list:
-        ap.error(f"unknown configurations {sorted(unknown)}; use sqlite, postgresql")
+        ap.error(f"unknown configurations {sorted(unknown)}; use sqlite, sqlite:N, "
+                 "postgresql, floor")
     if not args.n_list or min(args.n_list) < 1:
         ap.error("--volunteers needs positive integers")
     return args
@@ -293,8 +315,12 @@ def main(argv: list[str] | None = None, results: list[RunResult] | None = None) 
     workdir.mkdir(parents=True, exist_ok=True)
     databases: list[Database] = []
     for name in args.config_list:
-        if name == "sqlite":
-            databases.append(SqliteDatabase())
+        if name.startswith("sqlite"):
+            workers = int(name.split(":")[1]) if ":" in name else args.sqlite_workers
+            databases.append(SqliteDatabase(workers))
+            continue
+        if name == "floor":
+            databases.append(FloorTarget())
             continue
         pg, why = postgres_database(args)
         if pg is None:
@@ -338,8 +364,17 @@ def main(argv: list[str] | None = None, results: list[RunResult] | None = None) 
     if not results:
         out("no run")
         return 1
-    at = TARGET_N if any(r.n == TARGET_N for r in results) else max(r.n for r in results)
-    best = max((r for r in results if r.n == at), key=lambda r: r.bundles_per_s)
+    floor = {r.n: r for r in results if r.config == FloorTarget.label}
+    served = [r for r in results if r.config != FloorTarget.label]
+    for r in served:
+        if r.n in floor and floor[r.n].bundles_per_s > 0:
+            out(f"# share of the floor at N={r.n}: {r.config}: "
+                f"{r.bundles_per_s / floor[r.n].bundles_per_s:.3f} "
+                f"({r.bundles_per_s:.1f} / {floor[r.n].bundles_per_s:.1f} bundles/s)")
+    if not served:  # only the floor was run: it is the result
+        served = results
+    at = TARGET_N if any(r.n == TARGET_N for r in served) else max(r.n for r in served)
+    best = max((r for r in served if r.n == at), key=lambda r: r.bundles_per_s)
     out(f"# best at N={at}: {best.config}"
         + ("" if at == TARGET_N else f" (N={TARGET_N} was not run)"))
     out(f"bundles_per_s={best.bundles_per_s:.2f} p99_submit_ms={best.p('SubmitBundle', 99):.1f}")

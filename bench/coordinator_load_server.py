@@ -91,10 +91,11 @@ class Database:
 
 class SqliteDatabase(Database):
     name = "sqlite"
-    label = "sqlite, 1 worker"
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int = 1) -> None:
         self._path: Path | None = None
+        self.workers = workers if workers > 1 else None
+        self.label = f"sqlite, {workers} worker{'s' if workers > 1 else ''}"
 
     def fresh(self, workdir: Path, tag: str) -> str:
         path = workdir / f"sqlite-{tag}.db"
@@ -186,6 +187,17 @@ class PostgresDatabase(Database):
             stop()
 
 
+class FloorTarget(Database):
+    """No database: the run's server is :class:`FloorProcess`, the listener with canned
+    replies (``bench/coordinator_floor_server.py``), the transport's share of the cost."""
+
+    name = "floor"
+    label = "floor: the listener with canned replies (no auth, verification or storage)"
+
+    def fresh(self, workdir: Path, tag: str) -> str:
+        return ""
+
+
 # ---------------------------------------------------------------------- the process
 class CoordinatorProcess:
     """``python -m ftis.coordinator.cli.main serve`` on free loopback ports.
@@ -220,10 +232,7 @@ class CoordinatorProcess:
         config.write_text(json.dumps(self.settings, indent=1))
         ready = self.workdir / f"coordinator-{self.tag}.ready.json"
         ready.unlink(missing_ok=True)
-        cmd = [*serve_cmd(), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-               "--db", self.db_url, "--ready-file", str(ready), "--config", str(config)]
-        if self.workers is not None:
-            cmd += ["--workers", str(self.workers)]
+        cmd = self.command(ready, config)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                      env=_env(self.source))
@@ -247,6 +256,13 @@ class CoordinatorProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def command(self, ready: Path, config: Path) -> list[str]:
+        cmd = [*serve_cmd(), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+               "--db", self.db_url, "--ready-file", str(ready), "--config", str(config)]
+        if self.workers is not None:
+            cmd += ["--workers", str(self.workers)]
+        return cmd
 
     def log_tail(self, lines: int = 5) -> str:
         try:
@@ -272,6 +288,19 @@ class CoordinatorProcess:
         for child in alive:
             with contextlib.suppress(psutil.Error):
                 child.kill()
+
+
+class FloorProcess(CoordinatorProcess):
+    """``bench/coordinator_floor_server.py`` (the listener with canned replies) in place
+    of ``serve``; same start, stop and sampling."""
+
+    def command(self, ready: Path, config: Path) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve().parent
+                                    / "coordinator_floor_server.py"),
+                "--listen", "127.0.0.1:0", "--ready-file", str(ready),
+                "--group-size", str(self.group_size)]
+
+    group_size = 8
 
 
 # ---------------------------------------------------------------------- psutil sampler

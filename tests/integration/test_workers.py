@@ -1,6 +1,7 @@
-"""``ftis-coordinator serve --workers 2`` on PostgreSQL: two processes on one port hand
-out each task number once and keep every node's lease limit, because leases, the draw
-counter and quotas live in the database."""
+"""``ftis-coordinator serve --workers 2`` on PostgreSQL and on SQLite: two processes on
+one port hand out each task number once and keep every node's lease limit, because
+leases, the draw counter and quotas live in the database (on SQLite the workers' writers
+queue on one file lock, ``state/write_lock.py``)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,13 @@ QUOTA = 3  # bundles_per_minute
 BLOCK = 4  # task_number_block: small, so that both workers go through several blocks
 
 
-@pytest.fixture
-def two_workers(tmp_path, postgres_database):
-    yield from _two_workers(tmp_path, postgres_database(), {})
+@pytest.fixture(params=["postgresql", "sqlite"])
+def two_workers(request, tmp_path):
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'workers.db'}"
+    else:
+        url = request.getfixturevalue("postgres_database")()
+    yield from _two_workers(tmp_path, url, {})
 
 
 def _two_workers(tmp_path, url: str, extra: dict):

@@ -36,3 +36,32 @@ def test_two_volunteers_for_two_seconds(capsys):
     assert m, lines[-1]
     assert float(m[1]) == pytest.approx(r.bundles_per_s, abs=0.01)
     assert float(m[2]) == pytest.approx(r.p("SubmitBundle", 99), abs=0.1)
+
+
+def test_the_floor_is_a_reference_not_a_result(capsys):
+    """``--configs floor,sqlite:2``: the floor (the listener with canned replies) serves
+    the same loop without errors, faster than the real coordinator; each served
+    configuration is printed as a share of it, and the last line is the served one's."""
+    from ftis.client.models.registry import ModelNotFoundError, resolve
+
+    try:
+        resolve("smollm2-135m")
+    except ModelNotFoundError as exc:
+        pytest.skip(f"needs the embedded SmolLM2 package (make setup): {exc}")
+    bench = load_script("bench/coordinator_load.py")
+    results = []
+    code = bench.main(["--volunteers", "2", "--seconds", "2", "--warmup", "0.5",
+                       "--configs", "floor,sqlite:2"], results)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert code == 0, lines[-15:]
+    floor, served = results
+    assert floor.config.startswith("floor") and served.config == "sqlite, 2 workers"
+    for r in results:
+        assert r.verified > 0 and not r.errors and not r.notes, (r.config, r.errors, r.notes)
+    assert floor.relayed > 0  # its relay pages carry the submitted envelopes
+    assert floor.bundles_per_s > served.bundles_per_s
+    share = [line for line in lines if line.startswith("# share of the floor")]
+    assert share == [f"# share of the floor at N=2: sqlite, 2 workers: "
+                     f"{served.bundles_per_s / floor.bundles_per_s:.3f} "
+                     f"({served.bundles_per_s:.1f} / {floor.bundles_per_s:.1f} bundles/s)"]
+    assert lines[-1].startswith(f"bundles_per_s={served.bundles_per_s:.2f} ")

@@ -55,7 +55,7 @@ class GroupCommit:
         self,
         transaction: Callable[[], contextlib.AbstractContextManager[Any]],
         savepoint: Callable[[Any], contextlib.AbstractContextManager[Any]],
-        lock: threading.RLock | threading.Lock,
+        lock: contextlib.AbstractContextManager[Any],
         max_batch: int = MAX_BATCH,
     ) -> None:
         if max_batch < 1:

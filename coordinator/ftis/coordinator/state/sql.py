@@ -90,6 +90,7 @@ from ftis.coordinator.state.base import (
     check_branches,
 )
 from ftis.coordinator.state.group_commit import GroupCommit, dbapi_savepoint
+from ftis.coordinator.state.write_lock import WriteLock
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.tasks.source import TaskEntry
 
@@ -669,16 +670,26 @@ class SqlState(State):
             raise DatabaseError(f"cannot open database {url!r}: {exc}") from exc
         self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
         self._reads = sessionmaker(self.engine, expire_on_commit=False)
+        #: SQLite: one writer at a time across threads and the processes of
+        #: ``serve --workers`` (:mod:`.write_lock`); PostgreSQL locks rows itself.
+        self._sqlite_lock: WriteLock | None = None
+        if self.is_sqlite:
+            database = self.engine.url.database
+            try:
+                self._sqlite_lock = WriteLock(
+                    None if memory or not database else f"{database}-ftis-write.lock")
+            except OSError as exc:
+                self.engine.dispose()
+                raise DatabaseError(f"cannot open the write lock of {url!r}: {exc}") from exc
         lock: contextlib.AbstractContextManager[Any] = (
-            threading.RLock() if self.is_sqlite else contextlib.nullcontext()
-        )
+            self._sqlite_lock if self._sqlite_lock is not None else contextlib.nullcontext())
         self._write_lock = lock
         self._read_lock = lock if memory else contextlib.nullcontext()
         #: SQLite: the submit and lease writes share transactions and fsyncs
         #: (:mod:`.group_commit`); PostgreSQL commits concurrently from many connections.
         self._group: GroupCommit | None = (
-            GroupCommit(self._write_engine.begin, dbapi_savepoint, lock)
-            if isinstance(lock, type(threading.RLock())) else None)
+            GroupCommit(self._write_engine.begin, dbapi_savepoint, self._sqlite_lock)
+            if self._sqlite_lock is not None else None)
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[Session]:
@@ -2057,6 +2068,8 @@ class SqlState(State):
                                                     counters.c.value == end)
                              .values(value=start))
         self.engine.dispose()
+        if self._sqlite_lock is not None:
+            self._sqlite_lock.close()
 
 
 def open_state(url: str) -> SqlState:
