@@ -39,9 +39,10 @@ from ftis.lab.harness.coordinator import (
     load_tokenizer,
     make_config,
     model_card,
+    register_envelope,
     tokenizer_fp,
 )
-from ftis.lab.harness.trust_swarm import Node, Swarm, card_model, model_bundle
+from ftis.lab.harness.trust_swarm import Node, Swarm, card_model, model_bundle, now_ms
 from ftis.protocol.identity import NodeIdentity
 from ftis.v1 import bundle_pb2, swarm_pb2, swarm_pb2_grpc
 
@@ -294,6 +295,36 @@ def test_fresh_or_unaudited_identities_cannot_corroborate(
     for sybil in (*fresh, counted):
         assert world.in_probation(sybil)
     _assert_honest_kept_their_reputation(world, before)
+
+
+def test_an_older_client_is_never_relayed_audit_only_bundles(
+        world: World, model: torch.nn.Module) -> None:
+    """An established receiver whose client registered without the ``audit-only-relay``
+    capability (a release before it, which would train on audit-only bundles) is
+    relayed none of a probation sender's bundles, and its report naming them is no
+    audit; registering again from this release's client restores both."""
+    r1, r2 = world.receivers
+    reply = r2.stub.Register(swarm_pb2.RegisterRequest(envelope=register_envelope(
+        r2.identity, r2.card, now_ms(), capabilities=())), timeout=30)
+    assert reply.error.code == 0
+    record = world.state.get_node(r2.node_id)
+    assert record is not None and record.capabilities == ()
+    assert not world.in_probation(r2)  # still established: only the capability is missing
+    newbie = world.node()
+    ids = _submit(newbie, 2, model)
+    _submit(world.swarm.honest_a, 1, None)  # a later bundle: R2's page reaches past ids
+    assert _relayed(r2, newbie, world) == []
+    assert [b.bundle_id for b in _relayed(r1, newbie, world)] == ids
+    praise = swarm_pb2.SenderFeedback(
+        sender_node_id=newbie.node_id, groups=1, tokens=20, mean_log_ratio=-0.1,
+        log_ratio_completions=4, log_ratio_stderr=0.05, bundle_ids=ids)
+    assert r2.report(praise).error.code == 0
+    assert world.state.audit_reports(newbie.node_id) == {}
+    assert r2.register().error.code == 0  # this release's client: the capability is back
+    record = world.state.get_node(r2.node_id)
+    assert record is not None and record.capabilities == ("audit-only-relay",)
+    got = _relayed(r2, newbie, world)
+    assert [b.bundle_id for b in got] == ids and all(b.audit_only for b in got)
 
 
 def test_volunteer_nodes_audit_a_newcomer_in_their_round_loop(tmp_path: Path,

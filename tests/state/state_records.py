@@ -21,7 +21,8 @@ def node_id(name: str) -> str:
 
 
 def add_node(state: State, name: str, now_ms: int = T0, fingerprint: str = FP_A,
-             display_name: str | None = None) -> NodeRecord:
+             display_name: str | None = None, capabilities: tuple[str, ...] = ()
+             ) -> NodeRecord:
     return state.upsert_node(
         node_id=node_id(name),
         public_key=b"pk-" + name.encode(),
@@ -31,6 +32,7 @@ def add_node(state: State, name: str, now_ms: int = T0, fingerprint: str = FP_A,
         vocab_size=1000,
         client_version="test",
         now_ms=now_ms,
+        capabilities=capabilities,
     )
 
 

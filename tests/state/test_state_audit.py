@@ -35,6 +35,16 @@ def test_new_nodes_are_pending_and_seeds_can_be_set(state: SqlState) -> None:
     assert state.audit_reports(a) == {}
 
 
+def test_capabilities_are_stored_and_replaced_on_registration(state: SqlState) -> None:
+    """Revision 0006: the node's registered capabilities round-trip, and registering
+    again replaces them (an older client's registration clears them)."""
+    a = add_node(state, "alice", capabilities=("audit-only-relay",)).node_id
+    assert state.get_node(a).capabilities == ("audit-only-relay",)
+    assert add_node(state, "alice", T0 + 1).capabilities == ()
+    assert state.get_node(a).capabilities == ()
+    assert add_node(state, "bob").capabilities == ()
+
+
 def test_record_audits_one_verdict_per_reporter_and_redecides(state: SqlState) -> None:
     s = add_node(state, "sender").node_id
     r1, r2, r3 = (add_node(state, n).node_id for n in ("r1", "r2", "r3"))

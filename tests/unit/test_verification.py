@@ -408,6 +408,24 @@ def test_registration_rules() -> None:
     again = coord.register(register_envelope(identity, model_card(FP_B, 2000), clock.now_ms))
     assert (again.fingerprint, again.vocab_size) == (FP_B, 2000)
     assert again.last_seen_ms == clock.now_ms and again.registered_at_ms == node.registered_at_ms
+    # capabilities: the known ones are stored, unknown ones (a newer client's) dropped,
+    # a registration without any (an older client) stores none; too many or too long:
+    # refused, and nothing changes
+    assert again.capabilities == ("audit-only-relay",)
+    newer = register_envelope(identity, model_card(), clock.now_ms,
+                              capabilities=("x-future", "audit-only-relay", "x-future"))
+    assert coord.register(newer).capabilities == ("audit-only-relay",)
+    older = coord.register(register_envelope(identity, model_card(), clock.now_ms,
+                                             capabilities=()))
+    assert older.capabilities == ()
+    many = register_envelope(identity, model_card(), clock.now_ms,
+                             capabilities=tuple(f"c{i}" for i in range(33)))
+    assert code_of(many) == ErrorCode.REGISTRATION_INVALID  # MAX_CAPABILITIES = 32
+    assert code_of(register_envelope(identity, model_card(), clock.now_ms,
+                                     capabilities=("c" * 65,))) == ErrorCode.REGISTRATION_INVALID
+    assert coord.register(register_envelope(identity, model_card(), clock.now_ms,
+                                            capabilities=tuple(f"c{i}" for i in range(32))
+                                            )).capabilities == ()
     coord.ban(identity.node_id)
     assert code_of(register_envelope(identity, model_card(), clock.now_ms)) == ErrorCode.NODE_BANNED
 

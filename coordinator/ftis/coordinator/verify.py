@@ -84,6 +84,7 @@ from ftis.protocol.bundles import (
     completion_tokens,
     prompt_limits,
 )
+from ftis.protocol.capabilities import MAX_CAPABILITIES, MAX_CAPABILITY_CHARS
 from ftis.protocol.envelope import open_envelope, parse_envelope_bytes
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.tasks import TaskEntry, render_messages
@@ -483,7 +484,9 @@ def verify_registration(
     encoded with no unknown fields (``check_canonical``); ``|now - timestamp_ms|``
     within ``clock_skew_ms``; model card with ``0 < vocab_size <= MAX_VOCAB_SIZE`` and a
     lowercase 64-hex ``tokenizer_fingerprint``; display name and client version at most
-    128 characters.
+    128 characters; at most :data:`~ftis.protocol.capabilities.MAX_CAPABILITIES`
+    capabilities of at most ``MAX_CAPABILITY_CHARS`` characters each (unknown ones are
+    allowed: the handler keeps only the known ones).
 
     Returns:
         ``(payload, node_id)``.
@@ -516,4 +519,10 @@ def verify_registration(
         raise FtisError(ErrorCode.REGISTRATION_INVALID, "display_name longer than 128 characters")
     if len(payload.client_version) > MAX_CLIENT_VERSION_CHARS:
         raise FtisError(ErrorCode.REGISTRATION_INVALID, "client_version longer than 128 characters")
+    if len(payload.capabilities) > MAX_CAPABILITIES:
+        raise FtisError(ErrorCode.REGISTRATION_INVALID,
+                        f"more than {MAX_CAPABILITIES} capabilities listed")
+    if any(len(c) > MAX_CAPABILITY_CHARS for c in payload.capabilities):
+        raise FtisError(ErrorCode.REGISTRATION_INVALID,
+                        f"a capability longer than {MAX_CAPABILITY_CHARS} characters")
     return payload, node_id

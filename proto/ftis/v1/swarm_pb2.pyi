@@ -9,16 +9,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterPayload(_message.Message):
-    __slots__ = ("model_card", "client_version", "timestamp_ms", "display_name")
+    __slots__ = ("model_card", "client_version", "timestamp_ms", "display_name", "capabilities")
     MODEL_CARD_FIELD_NUMBER: _ClassVar[int]
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     model_card: _bundle_pb2.ModelCard
     client_version: str
     timestamp_ms: int
     display_name: str
-    def __init__(self, model_card: _Optional[_Union[_bundle_pb2.ModelCard, _Mapping]] = ..., client_version: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., display_name: _Optional[str] = ...) -> None: ...
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_card: _Optional[_Union[_bundle_pb2.ModelCard, _Mapping]] = ..., client_version: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., display_name: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("envelope",)

@@ -30,6 +30,7 @@ from google.protobuf.message import Message
 from ftis.client.settings.throttle import TokenBucket
 from ftis.protocol.auth import sign_request
 from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
+from ftis.protocol.capabilities import CLIENT_CAPABILITIES
 from ftis.protocol.envelope import seal
 from ftis.protocol.errors import ErrorCode, raise_for_error
 from ftis.protocol.identity import NodeIdentity
@@ -98,10 +99,12 @@ class RetryPolicy:
 def register_envelope(identity: NodeIdentity, card: bundle_pb2.ModelCard,
                       display_name: str = "") -> bundle_pb2.SignedEnvelope:
     """The signed ``register`` envelope of a RegisterRequest: ``card``, this client's
-    version, the time now (unix ms; the coordinator allows ``register_clock_skew_s``)."""
+    version and capabilities (:data:`ftis.protocol.capabilities.CLIENT_CAPABILITIES`),
+    the time now (unix ms; the coordinator allows ``register_clock_skew_s``)."""
     payload = swarm_pb2.RegisterPayload(
         model_card=card, client_version=CLIENT_VERSION,
         timestamp_ms=int(time.time() * 1000), display_name=display_name,
+        capabilities=CLIENT_CAPABILITIES,
     )
     return seal("register", payload, identity)
 

@@ -25,6 +25,7 @@ from ftis.coordinator import reputation
 from ftis.coordinator.handlers.context import Context
 from ftis.coordinator.reputation import Evidence, FeedbackEntry, SenderView
 from ftis.coordinator.state.base import NodeRecord
+from ftis.protocol.capabilities import AUDIT_ONLY_RELAY
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.v1 import swarm_pb2
 
@@ -203,7 +204,9 @@ def _apply_feedback(ctx: Context, reporter: NodeRecord, entries: list[FeedbackEn
             counted=(reporter.node_id, counted_ids) if counted_ids else None)
         for node_id, record in changed.items():  # fresher than any cached copy
             ctx.nodes.put(node_id, record, now)
-    if policy.audit_reporters > 0 and factor > 0:
+    # only a client with the capability is relayed audit-only bundles (handlers/relay.py):
+    # another one's entries about a sender on probation are no audit
+    if policy.audit_reporters > 0 and factor > 0 and AUDIT_ONLY_RELAY in reporter.capabilities:
         _record_audits(ctx, reporter, entries, counted, records, now)
     return dropped
 

@@ -19,6 +19,7 @@ from ftis.coordinator.state.base import NodeRecord
 from ftis.coordinator.tokenizer_store import check_upload, check_vocab_size
 from ftis.coordinator.verify import check_node_record, verify_registration
 from ftis.protocol.auth import verify_request
+from ftis.protocol.capabilities import known_capabilities
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.v1 import bundle_pb2
 
@@ -91,6 +92,7 @@ def register(ctx: Context, envelope: bundle_pb2.SignedEnvelope, peer: str = "") 
         vocab_size=card.vocab_size,
         client_version=payload.client_version,
         now_ms=now,
+        capabilities=known_capabilities(payload.capabilities),
     )
     if node_id in ctx.config.audit_seed_nodes and node.audit_status != reputation.AUDIT_PASSED:
         # an operator's seed of audit-based probation: no established receiver exists yet

@@ -8,6 +8,7 @@ from ftis.coordinator import reputation
 from ftis.coordinator.handlers.context import Context
 from ftis.coordinator.state.base import AuditRelay, BundleRecord, NodeRecord
 from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
+from ftis.protocol.capabilities import AUDIT_ONLY_RELAY
 from ftis.protocol.errors import ErrorCode, FtisError
 
 #: Bundles per relay page are clamped to [1, MAX_PULL_BUNDLES].
@@ -42,8 +43,9 @@ def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
     Audit-based probation (``reputation.audit_reporters`` > 0; docs/reputation.md):
     bundles of senders on probation go only to *established* requesters
     (:func:`reputation.established`: past probation themselves, not quarantined) whose
-    registered tokenizer fingerprint is the bundle's, marked ``audit_only``; other
-    requesters never see them (their cursor moves past them).
+    registered tokenizer fingerprint is the bundle's and whose client registered the
+    ``audit-only-relay`` capability (an older client would train on them), marked
+    ``audit_only``; other requesters never see them (their cursor moves past them).
 
     ``max_bundles`` is clamped to [1, 64]; a page also stops before exceeding
     :data:`PULL_PAGE_BYTES` of envelopes, or the node's relay bytes left this minute
@@ -65,8 +67,9 @@ def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
     if policy.audit_reporters > 0:
         audit = AuditRelay(
             probation_bundles=policy.probation_bundles,
-            established=reputation.established(node.bundles_accepted, node.audit_status,
-                                               node.quarantined, node.banned, policy),
+            established=(reputation.established(node.bundles_accepted, node.audit_status,
+                                                node.quarantined, node.banned, policy)
+                         and AUDIT_ONLY_RELAY in node.capabilities),
             fingerprint=node.fingerprint)
     bundles, next_cursor = ctx.state.pull_bundles(
         requester_id=node.node_id,

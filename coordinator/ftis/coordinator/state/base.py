@@ -70,6 +70,9 @@ class NodeRecord:
     #: Audit-based probation: ``reputation.AUDIT_PENDING`` (0), ``AUDIT_PASSED`` (1) or
     #: ``AUDIT_FAILED_STATUS`` (-1); only read while ``audit_reporters`` > 0.
     audit_status: int = 0
+    #: What the node's client does beyond the base protocol, as registered (the known
+    #: ones only, ``ftis.protocol.capabilities``); re-registering replaces them.
+    capabilities: tuple[str, ...] = ()
 
     @property
     def standing(self) -> Standing:
@@ -454,8 +457,10 @@ class State(abc.ABC):
         vocab_size: int,
         client_version: str,
         now_ms: int,
+        capabilities: Sequence[str] = (),
     ) -> NodeRecord:
-        """Insert a node or update its card, name and ``last_seen_ms`` (ban untouched)."""
+        """Insert a node or update its card, name, client version, ``capabilities``
+        (known ones, stored as given) and ``last_seen_ms`` (ban untouched)."""
 
     @abc.abstractmethod
     def get_node(self, node_id: str) -> NodeRecord | None:

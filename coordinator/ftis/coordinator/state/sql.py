@@ -148,6 +148,9 @@ class NodeRow(Base):
     #: Audit-based probation (revision 0005): reputation.AUDIT_PENDING / _PASSED /
     #: _FAILED_STATUS; read only while the policy's ``audit_reporters`` > 0.
     audit_status: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: The known capabilities the node registered with, comma-separated (revision 0006;
+    #: ``ftis.protocol.capabilities``).
+    capabilities: Mapped[str] = mapped_column(String(512), default="", server_default="")
 
 
 class AuditReportRow(Base):
@@ -802,6 +805,7 @@ class SqlState(State):
             quarantined=bool(m.rep_quarantined) if has_rep else False,
             branch=m.branch,
             audit_status=int(m.audit_status or 0),
+            capabilities=tuple(c for c in (m.capabilities or "").split(",") if c),
         )
 
     def _read_node(self, session: Session | Connection, node_id: str) -> NodeRecord | None:
@@ -1341,12 +1345,13 @@ class SqlState(State):
         vocab_size: int,
         client_version: str,
         now_ms: int,
+        capabilities: Sequence[str] = (),
     ) -> NodeRecord:
         for attempt in range(2):
             try:
                 return self._upsert_node(
                     node_id, public_key, display_name, model_card, fingerprint, vocab_size,
-                    client_version, now_ms,
+                    client_version, now_ms, capabilities,
                 )
             except IntegrityError:  # a concurrent registration of the same node
                 if attempt:
@@ -1356,6 +1361,7 @@ class SqlState(State):
     def _upsert_node(
         self, node_id: str, public_key: bytes, display_name: str, model_card: bytes,
         fingerprint: str, vocab_size: int, client_version: str, now_ms: int,
+        capabilities: Sequence[str] = (),
     ) -> NodeRecord:
         with self._write() as session:
             row = session.get(NodeRow, node_id, with_for_update=True)
@@ -1387,6 +1393,7 @@ class SqlState(State):
             row.fingerprint = fingerprint
             row.vocab_size = vocab_size
             row.client_version = client_version
+            row.capabilities = ",".join(capabilities)
             row.last_seen_ms = now_ms
             session.flush()
             return self._node_record(row, rep)

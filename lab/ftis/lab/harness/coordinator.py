@@ -22,6 +22,7 @@ from ftis.coordinator.state.base import BundleRecord, EvidenceRecord, LeaseRecor
 from ftis.coordinator.state.sql import SqlState, dump_tables
 from ftis.coordinator.verify import check_node_record
 from ftis.protocol.auth import sign_request
+from ftis.protocol.capabilities import CLIENT_CAPABILITIES
 from ftis.protocol.envelope import seal
 from ftis.protocol.fingerprint import tokenizer_fingerprint
 from ftis.protocol.identity import NodeIdentity
@@ -217,12 +218,16 @@ def register_envelope(
     card: bundle_pb2.ModelCard,
     timestamp_ms: int,
     display_name: str = "test-node",
+    capabilities: tuple[str, ...] = CLIENT_CAPABILITIES,
 ) -> bundle_pb2.SignedEnvelope:
+    """A signed registration; ``capabilities`` default to this release's client's
+    (``()``: an older client's)."""
     payload = swarm_pb2.RegisterPayload(
         model_card=card,
         client_version="test",
         timestamp_ms=timestamp_ms,
         display_name=display_name,
+        capabilities=capabilities,
     )
     return seal("register", payload, identity)
 
