@@ -1,7 +1,9 @@
 """Spot checks over real gRPC (issue 13, class 1): a coordinator that holds the weights
 of the swarm's model (a tiny random Llama on disk, loaded in a spawned worker exactly as a
 volunteer loads it) accepts an honest node's sampled bundles and refuses made-up and
-shaded log-probs, which quarantines the sender while it is on probation."""
+shaded log-probs, which quarantines the sender while it is on probation. With
+audit-based probation on and no seeds, a passed spot check is the coordinator's own
+audit: it bootstraps the first established nodes of a card it holds."""
 
 from __future__ import annotations
 
@@ -139,3 +141,54 @@ def test_a_card_the_coordinator_does_not_hold_cannot_register(served, policy) ->
     other.base_model = "some/other-model"
     node = Node(NodeIdentity.generate(), stub, other)
     assert node.register().error.code == ErrorCode.MODEL_NOT_CHECKABLE
+
+
+def test_a_passed_spot_check_is_the_audit_of_a_held_card(
+        tiny_model_dir: Path, tmp_path: Path, policy: Policy) -> None:
+    """Audit-based probation on (k = 2) with no seeds and no established receiver: an
+    honest node of the held card passes its audit on its first checked bundle and is
+    established after the count; a node of a card the coordinator does not hold is never
+    checked and stays on probation (only receivers' audits or a seed can pass it)."""
+    server = CoordinatorServer(make_config(
+        db=str(tmp_path / "coordinator.db"), require_tokenizer=True,
+        reputation={"audit_reporters": 2},
+        spot_checks={"models": [str(tiny_model_dir)], "workers": 1, "budget_s": 60,
+                     "min_tokens": 4}))
+    server.start()
+    channel = grpc.insecure_channel(server.address)
+    try:
+        stub = swarm_pb2_grpc.SwarmStub(channel)
+        policy_cfg = server.ctx.policy
+        honest = _node(stub, policy)
+        gz = gzip.compress(policy.tokenizer.backend_tokenizer.to_str().encode())
+        assert honest.upload(gz).error.code == 0
+        unheld_card = bundle_pb2.ModelCard()
+        unheld_card.CopyFrom(policy.card)
+        unheld_card.base_model = "someone/else"
+        other = _node(stub, policy, unheld_card)
+        assert server.state.get_node(honest.node_id).audit_status == reputation.AUDIT_PENDING
+        reply = honest.submit_bundle(_sampled_bundle(honest, policy, 0))
+        assert reply.error.code == 0, reply.error
+        record = server.state.get_node(honest.node_id)
+        assert record.audit_status == reputation.AUDIT_PASSED
+        assert reputation.in_probation(record.bundles_accepted, record.audit_status,
+                                       policy_cfg)  # the count still applies: 1 of 5
+        for seed in range(1, 5):
+            assert honest.submit_bundle(_sampled_bundle(honest, policy, seed)).error.code == 0
+        for seed in range(5):
+            bundle = _sampled_bundle(other, policy, 10 + seed)
+            bundle.model_card.CopyFrom(unheld_card)
+            assert other.submit_bundle(bundle).error.code == 0
+        record = server.state.get_node(honest.node_id)
+        assert not reputation.in_probation(record.bundles_accepted, record.audit_status,
+                                           policy_cfg)
+        assert reputation.established(record.bundles_accepted, record.audit_status,
+                                      record.quarantined, record.banned, policy_cfg)
+        unchecked = server.state.get_node(other.node_id)
+        assert unchecked.bundles_accepted == 5
+        assert unchecked.audit_status == reputation.AUDIT_PENDING
+        assert reputation.in_probation(unchecked.bundles_accepted, unchecked.audit_status,
+                                       policy_cfg)
+    finally:
+        channel.close()
+        server.stop(grace=1.0)

@@ -88,6 +88,17 @@ def test_audit_status_k_agreeing_reporters_failure_wins() -> None:
     assert rep.audit_status(0, 0, OFF) == PASSED  # off: everybody passes
 
 
+def test_a_passed_spot_check_passes_a_pending_audit_only() -> None:
+    # the coordinator's own recomputation with the held weights: a pending audit passes
+    assert rep.audit_passed_by_spot_check(PENDING, True, K2)
+    # not checked (not drawn, or the card is not held): nothing
+    assert not rep.audit_passed_by_spot_check(PENDING, False, K2)
+    # a failed audit stays failed; a passed one needs nothing; off: nothing to pass
+    assert not rep.audit_passed_by_spot_check(FAILED, True, K2)
+    assert not rep.audit_passed_by_spot_check(PASSED, True, K2)
+    assert not rep.audit_passed_by_spot_check(PENDING, True, OFF)
+
+
 def test_audit_failed_evidence_is_heavy_enough_to_quarantine_a_new_node() -> None:
     ev = rep.audit_failed_evidence("s" * 40, 2)
     assert (ev.kind, ev.weight) == (rep.AUDIT_FAILED, -4.0) and "2 established" in ev.detail

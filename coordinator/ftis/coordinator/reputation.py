@@ -318,6 +318,20 @@ def audit_status(plausible_reporters: int, implausible_reporters: int,
     return AUDIT_PENDING
 
 
+def audit_passed_by_spot_check(audit: int, spot_checked: bool, cfg: ReputationConfig) -> bool:
+    """Whether a bundle that passed the coordinator's own spot check ends its sender's
+    pending audit (pure; docs/reputation.md "Audit-based probation", bootstrap).
+
+    A passed spot check recomputed the bundle's log-probs with the weights of the card
+    it claims, held by the coordinator, and found them within the tolerance: the
+    evidence k receivers' audits give, from the model itself. So with audit-based
+    probation on (``audit_reporters`` > 0) it passes a *pending* audit; a failed one
+    stays failed (receivers' verdicts are not overruled), and with the rule off there is
+    nothing to pass.
+    """
+    return cfg.audit_reporters > 0 and spot_checked and audit == AUDIT_PENDING
+
+
 def audit_failed_evidence(sender_id: str, implausible: int, bundle_id: str = "") -> Evidence:
     """The one-off negative evidence when a sender's audit turns to failed."""
     return Evidence(AUDIT_FAILED, WEIGHT_AUDIT_FAILED,

@@ -143,6 +143,8 @@ class VerifiedBundle:
     Attributes:
         verified_rewards: coordinator reward per completion, in [0, 1], length G.
         reward_mismatches: completions whose claimed reward differed by > 1e-6.
+        spot_checked: check 9 ran on this bundle and passed (its log-probs were
+            recomputed with the held weights of its card).
     """
 
     bundle: bundle_pb2.Bundle
@@ -153,6 +155,7 @@ class VerifiedBundle:
     verified_rewards: list[float]
     reward_mismatches: int
     text_verified: bool = False
+    spot_checked: bool = False
 
     def to_new_bundle(self) -> NewBundle:
         """The row to store for this bundle."""
@@ -457,8 +460,7 @@ def check_submission(
             "no tokenizer uploaded for this fingerprint; call UploadTokenizer",
         )
     rewards, mismatches = score(lease, bundle)
-    if spot_check is not None:
-        spot_check(node, bundle, opened.bundle_id)
+    spot = spot_check(node, bundle, opened.bundle_id) if spot_check is not None else None
     return VerifiedBundle(
         bundle=bundle,
         node=node,
@@ -468,6 +470,7 @@ def check_submission(
         verified_rewards=rewards,
         reward_mismatches=mismatches,
         text_verified=tokenizer is not None,
+        spot_checked=spot is not None,
     )
 
 

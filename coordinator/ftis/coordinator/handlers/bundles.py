@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NoReturn
 
 from ftis.coordinator import reputation
@@ -91,7 +92,15 @@ def submit_bundle(ctx: Context, envelope: bundle_pb2.SignedEnvelope | bytes) -> 
     except FtisError as err:  # lost a race for the lease: nothing was written
         _reject(ctx, rejection_verdict(opened, snapshot, err, policy), now, err)
     assert committed.bundle is not None
-    _refresh_cached(ctx, committed.node, now)
+    node = committed.node
+    if node is not None and reputation.audit_passed_by_spot_check(
+            node.audit_status, verified.spot_checked, policy):
+        # the coordinator's own audit, from the held weights: written after the bundle's
+        # commit and once per node (lost in a crash between the two, the node's next
+        # checked bundle passes it again; nothing acknowledged depends on it)
+        ctx.state.set_audit_status(node.node_id, reputation.AUDIT_PASSED)
+        node = replace(node, audit_status=reputation.AUDIT_PASSED)
+    _refresh_cached(ctx, node, now)
     return committed.bundle
 
 
