@@ -10,14 +10,19 @@ import pytest
 from script_loader import load_script
 
 
-def test_two_volunteers_for_two_seconds(capsys):
+@pytest.fixture
+def bench():
+    """``bench/coordinator_load.py`` as a module (skipped without the embedded model)."""
     from ftis.client.models.registry import ModelNotFoundError, resolve
 
     try:
         resolve("smollm2-135m")
     except ModelNotFoundError as exc:
         pytest.skip(f"needs the embedded SmolLM2 package (make setup): {exc}")
-    bench = load_script("bench/coordinator_load.py")
+    return load_script("bench/coordinator_load.py")
+
+
+def test_two_volunteers_for_two_seconds(bench, capsys):
     results = []
     code = bench.main(["--volunteers", "2", "--seconds", "2", "--warmup", "0.5",
                        "--configs", "sqlite"], results)
@@ -38,17 +43,10 @@ def test_two_volunteers_for_two_seconds(capsys):
     assert float(m[2]) == pytest.approx(r.p("SubmitBundle", 99), abs=0.1)
 
 
-def test_the_floor_is_a_reference_not_a_result(capsys):
+def test_the_floor_is_a_reference_not_a_result(bench, capsys):
     """``--configs floor,sqlite:2``: the floor (the listener with canned replies) serves
     the same loop without errors, faster than the real coordinator; each served
     configuration is printed as a share of it, and the last line is the served one's."""
-    from ftis.client.models.registry import ModelNotFoundError, resolve
-
-    try:
-        resolve("smollm2-135m")
-    except ModelNotFoundError as exc:
-        pytest.skip(f"needs the embedded SmolLM2 package (make setup): {exc}")
-    bench = load_script("bench/coordinator_load.py")
     results = []
     code = bench.main(["--volunteers", "2", "--seconds", "2", "--warmup", "0.5",
                        "--configs", "floor,sqlite:2"], results)

@@ -221,8 +221,8 @@ def _serve_workers(cfg: Any, workers: int, log_level: str, ready_file: Path | No
     from ftis.coordinator.state.sql import SqlState
 
     if cfg.db_url.startswith("sqlite"):
-        log.warning("--workers %d on SQLite: writers queue on one file lock; "
-                    "use PostgreSQL to scale", workers)
+        log.info("--workers %d on SQLite: the workers' writers queue on one lock file "
+                 "beside the database (docs/coordinator.md, Workers)", workers)
     try:
         SqlState(cfg.db_url).close()  # schema migrations run here, exactly once
     except DatabaseError as exc:
