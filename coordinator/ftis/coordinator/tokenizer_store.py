@@ -46,6 +46,7 @@ import io
 import logging
 import threading
 import time
+import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -145,18 +146,18 @@ def check_vocab_size(card_vocab_size: int, tokenizer: Tokenizer | int) -> int:
 class DecodableIds:
     """The ids a tokenizer has a token for: ``[0, bound)`` less ``holes``.
 
-    ``bound`` is one past the largest id of its vocabulary with added tokens
-    (``get_vocab(with_added_tokens=True)``), ``holes`` the ids below it that map to no
-    token (``id_to_token`` is ``None`` for exactly these; a test checks the two agree).
-    Built once per loaded tokenizer (about 20 ms for a 49,152-token vocabulary).
+    ``bound`` is one past the largest id of its vocabulary and added tokens, ``holes``
+    the ids below it that are in neither (``id_to_token`` is ``None`` for exactly these; a
+    test checks the two agree). Built once per loaded tokenizer (about 20 ms for a
+    49,152-token vocabulary) and kept beside it (:func:`decodable_ids`).
     """
 
     __slots__ = ("bound", "holes")
 
     def __init__(self, tokenizer: Tokenizer) -> None:
-        ids = set(tokenizer.get_vocab(with_added_tokens=True).values())
-        self.bound = max(ids) + 1 if ids else 0
-        self.holes = frozenset(set(range(self.bound)) - ids)
+        known = set(tokenizer.get_vocab(with_added_tokens=True).values())
+        self.bound = max(known) + 1 if known else 0
+        self.holes = frozenset(set(range(self.bound)) - known)
 
     def first_missing(self, token_ids: set[int]) -> int | None:
         """The smallest of ``token_ids`` outside ``[0, bound)`` or in ``holes``, or
@@ -169,28 +170,20 @@ class DecodableIds:
         return min(i for i in token_ids if i < 0 or i >= self.bound or i in self.holes)
 
 
-#: Decodable ids per loaded tokenizer (keyed by identity; the tokenizer is kept with
-#: its entry so that an id is never reused while cached). Few tokenizers are live at
-#: once (:class:`TokenizerCache` holds at most ``capacity``), so a small LRU suffices.
-_DECODABLE: OrderedDict[int, tuple[Tokenizer, DecodableIds]] = OrderedDict()
-_DECODABLE_MAX = 64
+#: :class:`DecodableIds` of each live tokenizer, dropped with the tokenizer.
+_DECODABLE: weakref.WeakKeyDictionary[Tokenizer, DecodableIds] = weakref.WeakKeyDictionary()
 _DECODABLE_LOCK = threading.Lock()
 
 
 def decodable_ids(tokenizer: Tokenizer) -> DecodableIds:
-    """:class:`DecodableIds` of ``tokenizer``, built on first use and cached."""
-    key = id(tokenizer)
+    """:class:`DecodableIds` of ``tokenizer``, built on first use and kept while the
+    tokenizer lives."""
     with _DECODABLE_LOCK:
-        hit = _DECODABLE.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            _DECODABLE.move_to_end(key)
-            return hit[1]
-    ids = DecodableIds(tokenizer)
-    with _DECODABLE_LOCK:
-        _DECODABLE[key] = (tokenizer, ids)
-        _DECODABLE.move_to_end(key)
-        while len(_DECODABLE) > _DECODABLE_MAX:
-            _DECODABLE.popitem(last=False)
+        ids = _DECODABLE.get(tokenizer)
+    if ids is None:
+        ids = DecodableIds(tokenizer)
+        with _DECODABLE_LOCK:
+            _DECODABLE[tokenizer] = ids
     return ids
 
 
