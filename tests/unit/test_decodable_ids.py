@@ -9,7 +9,12 @@ import random
 from tokenizers import AddedToken, Tokenizer
 from tokenizers.models import WordLevel
 
-from ftis.coordinator.tokenizer_store import DecodableIds, decodable_ids, undecodable_id
+from ftis.coordinator.tokenizer_store import (
+    DecodableIds,
+    decodable_ids,
+    token_id_bound,
+    undecodable_id,
+)
 
 
 def _reference(tokenizer: Tokenizer, ids: set[int]) -> int | None:
@@ -37,6 +42,8 @@ def test_holes_and_bound_match_id_to_token() -> None:
         missing = i < 0 or i >= known.bound or i in known.holes
         assert missing == (i < 0 or tok.id_to_token(i) is None), i
     assert {1, 3, 4} - added <= known.holes
+    # the id bound is past the largest id, not the count of tokens (5 here, ids 0-5)
+    assert token_id_bound(tok) == known.bound == 6 > tok.get_vocab_size(with_added_tokens=True)
 
 
 def test_smallest_missing_id_as_the_definition() -> None:

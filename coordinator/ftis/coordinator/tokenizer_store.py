@@ -112,10 +112,10 @@ VOCAB_PADDING_FRACTION = 64
 
 
 def token_id_bound(tokenizer: Tokenizer) -> int:
-    """One more than the largest id the tokenizer knows (added tokens included)."""
-    bound = int(tokenizer.get_vocab_size(with_added_tokens=True))
-    added = tokenizer.get_added_tokens_decoder()
-    return max(bound, max(added) + 1) if added else bound
+    """One more than the largest id the tokenizer knows (added tokens included). Not
+    ``get_vocab_size``, which counts tokens: a vocabulary with holes in its ids has
+    fewer tokens than its largest id."""
+    return decodable_ids(tokenizer).bound
 
 
 def max_card_vocab(tokenizer_bound: int) -> int:
