@@ -13,9 +13,9 @@ front of a servicer that does no authentication, verification, re-scoring or sto
   coordinator renders them (:func:`ftis.tasks.render_messages`), with a fresh lease id;
 * ``SubmitBundle`` answers the payload's SHA-256 and ``--group-size`` verified rewards of
   0.0 (the load's claims), and keeps the envelope's bytes in a ring of the last 256;
-* ``PullBundles`` answers a page of up to ``max_bundles`` of those, written as wire
-  bytes around the kept envelopes as :func:`~ftis.coordinator.server.convert.
-  relayed_bundle_bytes` writes stored ones (the envelope is not parsed again).
+* ``PullBundles`` answers a page of up to ``max_bundles`` of those, written by the
+  coordinator's own :func:`~ftis.coordinator.server.convert.relay_page_bytes` (wire
+  bytes around the kept envelopes, which are not parsed again).
 
 So a load run against it costs what the gRPC transport, protobuf and the listener cost
 for the same messages, in the same closed loop, on the same machine: the most bundles/s
@@ -44,9 +44,11 @@ from pathlib import Path
 import grpc
 
 from ftis.coordinator.config import CoordinatorConfig
+from ftis.coordinator.handlers.relay import RelayPage
 from ftis.coordinator.server import convert
 from ftis.coordinator.server.app import connection_budget, swarm_grpc_options
 from ftis.coordinator.server.swarm_service import add_swarm_service
+from ftis.coordinator.state.base import BundleRecord
 from ftis.tasks import render_messages
 from ftis.tasks.source import DEFAULT_TASKS, TaskSource
 from ftis.v1 import common_pb2, swarm_pb2
@@ -72,7 +74,7 @@ class FloorServicer:
                        for dataset, question in tasks]
         self._turn = itertools.count()
         self._lock = threading.Lock()
-        self._ring: deque[tuple[int, str, bytes]] = deque(maxlen=RING)
+        self._ring: deque[BundleRecord] = deque(maxlen=RING)
         self._sequence = 0
 
     def Register(self, request, context):  # noqa: N802 - gRPC method name
@@ -103,28 +105,24 @@ class FloorServicer:
     def SubmitBundle(self, request, context):  # noqa: N802
         envelope = request.envelope.SerializeToString()
         bundle_id = hashlib.sha256(request.envelope.payload).hexdigest()
+        rewards = [0.0] * self.group_size
         with self._lock:
             self._sequence += 1
-            self._ring.append((self._sequence, bundle_id, envelope))
-        return swarm_pb2.SubmitBundleResponse(
-            bundle_id=bundle_id, verified_rewards=[0.0] * self.group_size)
+            self._ring.append(BundleRecord(
+                sequence=self._sequence, bundle_id=bundle_id, node_id="", task_id="",
+                lease_id="", dataset="", fingerprint="", envelope=envelope,
+                verified_rewards=rewards, mean_reward=0.0, zero_variance=True,
+                completions=self.group_size, completion_tokens=0, size_bytes=len(envelope),
+                reward_mismatches=0, policy_version=0, stored_at_ms=int(time.time() * 1000)))
+        return swarm_pb2.SubmitBundleResponse(bundle_id=bundle_id, verified_rewards=rewards)
 
     def PullBundles(self, request, context):  # noqa: N802
         with self._lock:
-            page = [b for b in self._ring if b[0] > request.cursor][:max(request.max_bundles, 0)]
+            page = [b for b in self._ring if b.sequence > request.cursor]
+            page = page[:max(request.max_bundles, 0)]
             last = self._sequence
-        stored_at_ms = int(time.time() * 1000)
-        parts = []
-        for sequence, bundle_id, envelope in page:
-            head = swarm_pb2.RelayedBundle(
-                sequence=sequence, bundle_id=bundle_id,
-                verified_rewards=[0.0] * self.group_size, stored_at_ms=stored_at_ms,
-                sender_reputation=1.0).SerializeToString()
-            relayed = head + convert._length_delimited(convert.RELAYED_ENVELOPE_FIELD, envelope)
-            parts.append(convert._length_delimited(convert.PULL_BUNDLES_FIELD, relayed))
-        next_cursor = page[-1][0] if page else max(request.cursor, last)
-        parts.append(swarm_pb2.PullBundlesResponse(next_cursor=next_cursor).SerializeToString())
-        return b"".join(parts)
+        next_cursor = page[-1].sequence if page else max(request.cursor, last)
+        return convert.relay_page_bytes(RelayPage(page, [1.0] * len(page), next_cursor))
 
 
 def default_tasks(n: int = TASKS, seed: int = 0) -> list[tuple[str, str]]:

@@ -109,11 +109,9 @@ def run_one(db: Database, material: Material, n: int, args: argparse.Namespace,
     ``args.warmup`` + ``seconds`` seconds; the coordinator is stopped afterwards."""
     tag = f"{db.name}-n{n}{'-soak' if soak else ''}"
     url = db.fresh(workdir, tag)
-    if isinstance(db, FloorTarget):
-        coord = FloorProcess(workdir, url, tag, source=args.source)
-        coord.group_size = material.group_size
-    else:
-        coord = CoordinatorProcess(workdir, url, tag, db.workers, source=args.source)
+    coord = (FloorProcess(workdir, tag, material.group_size, source=args.source)
+             if isinstance(db, FloorTarget)
+             else CoordinatorProcess(workdir, url, tag, db.workers, source=args.source))
     sampler: TreeSampler | None = None
     db_sampler: TreeSampler | None = None
     reporter: threading.Thread | None = None

@@ -292,15 +292,19 @@ class CoordinatorProcess:
 
 class FloorProcess(CoordinatorProcess):
     """``bench/coordinator_floor_server.py`` (the listener with canned replies) in place
-    of ``serve``; same start, stop and sampling."""
+    of ``serve``, answering ``group_size`` rewards per bundle; same start, stop and
+    sampling."""
+
+    def __init__(self, workdir: Path, tag: str, group_size: int,
+                 source: Path | None = None) -> None:
+        super().__init__(workdir, "", tag, source=source)
+        self.group_size = group_size
 
     def command(self, ready: Path, config: Path) -> list[str]:
         return [sys.executable, str(Path(__file__).resolve().parent
                                     / "coordinator_floor_server.py"),
                 "--listen", "127.0.0.1:0", "--ready-file", str(ready),
                 "--group-size", str(self.group_size)]
-
-    group_size = 8
 
 
 # ---------------------------------------------------------------------- psutil sampler
