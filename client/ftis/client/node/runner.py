@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -29,6 +29,8 @@ from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.v1 import bundle_pb2, swarm_pb2
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 PULL_PAGE = 64
 
 
@@ -116,6 +118,22 @@ class PendingBundle:
     sampled: list[SampledCompletion]
 
 
+def _unless_rate_limited(call: Callable[[], T], what: str) -> tuple[bool, T | None]:
+    """``(True, call())``, or ``(False, None)`` (logged as ``what``) when the
+    coordinator's quota for the call answered RATE_LIMITED: the node goes on.
+
+    Raises:
+        FtisError: any other coded rejection.
+    """
+    try:
+        return True, call()
+    except FtisError as exc:
+        if exc.code != ErrorCode.RATE_LIMITED:
+            raise
+        log.warning("%s: %s", what, exc)
+        return False, None
+
+
 def report_metrics(conn: SwarmConnection, step: int, stats: dict[str, float],
                    feedback: list[swarm_pb2.SenderFeedback]) -> bool:
     """Send one round's metrics and feedback; ``False`` (logged, the node goes on) when
@@ -125,14 +143,9 @@ def report_metrics(conn: SwarmConnection, step: int, stats: dict[str, float],
     Raises:
         FtisError: any other coded rejection.
     """
-    try:
-        conn.report_metrics(step, stats, feedback)
-    except FtisError as exc:
-        if exc.code != ErrorCode.RATE_LIMITED:
-            raise
-        log.warning("metrics of round %d not reported: %s", step, exc)
-        return False
-    return True
+    sent, _ = _unless_rate_limited(lambda: conn.report_metrics(step, stats, feedback),
+                                   f"metrics of round {step} not reported")
+    return sent
 
 
 #: Seconds between two heartbeats of a node at least: a node whose rounds are faster
@@ -150,13 +163,9 @@ def heartbeat(conn: SwarmConnection, policy_version: int
     Raises:
         FtisError: any other coded rejection.
     """
-    try:
-        return conn.heartbeat(policy_version)
-    except FtisError as exc:
-        if exc.code != ErrorCode.RATE_LIMITED:
-            raise
-        log.warning("heartbeat of round %d refused: %s", policy_version, exc)
-        return None
+    _, reply = _unless_rate_limited(lambda: conn.heartbeat(policy_version),
+                                    f"heartbeat of round {policy_version} refused")
+    return reply
 
 
 class NodeHooks(Protocol):
