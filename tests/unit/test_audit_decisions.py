@@ -99,6 +99,16 @@ def test_a_passed_spot_check_passes_a_pending_audit_only() -> None:
     assert not rep.audit_passed_by_spot_check(PENDING, True, OFF)
 
 
+def test_audit_without_any_bootstrap_is_a_problem_and_any_one_bootstrap_is_enough() -> None:
+    problem = rep.audit_bootstrap_problem(K2, seed_nodes=0, holds_cards=False, passed_audits=0)
+    assert problem is not None and "audit_reporters = 2" in problem
+    assert "\n" not in problem  # one line: it is an exit message and an error reason
+    assert rep.audit_bootstrap_problem(K2, 1, False, 0) is None  # an operator's seed
+    assert rep.audit_bootstrap_problem(K2, 0, True, 0) is None  # a held card
+    assert rep.audit_bootstrap_problem(K2, 0, False, 1) is None  # a node already passed
+    assert rep.audit_bootstrap_problem(OFF, 0, False, 0) is None  # the rule is off
+
+
 def test_audit_failed_evidence_is_heavy_enough_to_quarantine_a_new_node() -> None:
     ev = rep.audit_failed_evidence("s" * 40, 2)
     assert (ev.kind, ev.weight) == (rep.AUDIT_FAILED, -4.0) and "2 established" in ev.detail

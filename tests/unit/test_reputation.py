@@ -494,6 +494,34 @@ def test_get_node_returns_newest_50_evidence_rows(coord) -> None:
     assert len(shown.evidence) == 50 and not shown.node.probation
 
 
+def test_audit_probation_without_a_bootstrap_is_refused_by_admin_and_at_start(
+        tmp_path, clock) -> None:
+    """Turning audit-based probation on with no seed, no held card and no passed audit
+    would keep every node on probation for ever: the admin API refuses it and changes
+    nothing; a coordinator configured so refuses to start; a seed makes both accept."""
+    coord = make_coordinator(clock, db=f"sqlite:///{tmp_path / 'a.db'}")
+    admin = AdminService(coord.ctx)
+    on = admin_pb2.ReputationConfig()
+    on.CopyFrom(admin.GetReputationConfig(admin_pb2.GetReputationConfigRequest(), None).config)
+    on.audit_reporters = 2
+    reply = admin.SetReputationConfig(admin_pb2.SetReputationConfigRequest(config=on), None)
+    assert reply.error.code == ErrorCode.REQUEST_INVALID
+    assert "no bootstrap" in reply.error.reason
+    assert coord.reputation_config == ReputationConfig()  # unchanged
+    assert coord.state.get_setting("reputation") is None
+    coord.state.close()
+
+    from ftis.coordinator.server.app import CoordinatorServer
+    from ftis.lab.harness.coordinator import make_config
+
+    db = f"sqlite:///{tmp_path / 'b.db'}"
+    with pytest.raises(ValueError, match="no bootstrap"):
+        CoordinatorServer(make_config(db=db, reputation=ReputationConfig(audit_reporters=2)))
+    seeded = CoordinatorServer(make_config(db=db, reputation=ReputationConfig(audit_reporters=2),
+                                           audit_seed_nodes=["ab" * 32]))
+    seeded.state.close()
+
+
 def test_set_reputation_config_validates_persists_and_reevaluates(tmp_path, clock) -> None:
     db = f"sqlite:///{tmp_path / 'c.db'}"
     coord = make_coordinator(clock, db=db)

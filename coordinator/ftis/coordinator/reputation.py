@@ -332,6 +332,31 @@ def audit_passed_by_spot_check(audit: int, spot_checked: bool, cfg: ReputationCo
     return cfg.audit_reporters > 0 and spot_checked and audit == AUDIT_PENDING
 
 
+def audit_bootstrap_problem(cfg: ReputationConfig, seed_nodes: int, holds_cards: bool,
+                            passed_audits: int) -> str | None:
+    """Why audit-based probation could never end for anyone, or ``None`` (pure;
+    docs/reputation.md "Audit-based probation", bootstrap).
+
+    An audit passes only by k established receivers' verdicts, by an operator's seed, or
+    by a spot check of a card the coordinator holds. A swarm with the rule on
+    (``audit_reporters`` > 0) and none of them (no ``seed_nodes``, not ``holds_cards``, no
+    node whose audit has passed: ``passed_audits`` = 0) has no established node now and
+    can never get one: every node would stay on probation and nothing from any of them
+    would be relayed for training. The coordinator refuses to start with such a policy,
+    and the admin API refuses to set it.
+
+    Returns:
+        a one-line reason naming what to set, or ``None`` (the rule is off, or at least
+        one bootstrap exists).
+    """
+    if cfg.audit_reporters <= 0 or seed_nodes > 0 or holds_cards or passed_audits > 0:
+        return None
+    return (f"audit-based probation (reputation.audit_reporters = {cfg.audit_reporters}) "
+            "has no bootstrap: no audit_seed_nodes, no spot_checks.models and no node whose "
+            "audit has passed, so no node could ever leave probation; name seed nodes, hold "
+            "a model for spot checks, or set audit_reporters = 0")
+
+
 def audit_failed_evidence(sender_id: str, implausible: int, bundle_id: str = "") -> Evidence:
     """The one-off negative evidence when a sender's audit turns to failed."""
     return Evidence(AUDIT_FAILED, WEIGHT_AUDIT_FAILED,

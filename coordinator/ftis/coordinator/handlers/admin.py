@@ -92,9 +92,29 @@ def unban(ctx: Context, id_or_prefix: str) -> NodeRecord:
     return ctx.state.reset_bad_evidence(node.node_id, ctx.clock())
 
 
+def audit_bootstrap_problem(ctx: Context, cfg: ReputationConfig) -> str | None:
+    """Why ``cfg``'s audit-based probation could never end for anyone in this swarm, or
+    ``None`` (:func:`reputation.audit_bootstrap_problem` over the configured seeds, the
+    held spot-check models and the stored nodes' audits)."""
+    seeds, holds = len(ctx.config.audit_seed_nodes), ctx.config.spot_checks.enabled
+    if reputation.audit_bootstrap_problem(cfg, seeds, holds, passed_audits=0) is None:
+        return None  # off, or a configured bootstrap: no need to read every node
+    passed = sum(1 for n in ctx.state.list_nodes()
+                 if n.audit_status == reputation.AUDIT_PASSED)
+    return reputation.audit_bootstrap_problem(cfg, seeds, holds, passed)
+
+
 def set_reputation_policy(ctx: Context, cfg: ReputationConfig) -> ReputationConfig:
     """Persist a new policy (``settings`` row; other worker processes reload it within
-    a few seconds) and re-evaluate every node's quarantine flag under it."""
+    a few seconds) and re-evaluate every node's quarantine flag under it.
+
+    Raises:
+        FtisError: REQUEST_INVALID when ``cfg`` turns on audit-based probation with no
+            bootstrap (:func:`audit_bootstrap_problem`); nothing is changed.
+    """
+    problem = audit_bootstrap_problem(ctx, cfg)
+    if problem is not None:
+        raise FtisError(ErrorCode.REQUEST_INVALID, problem)
     now = ctx.clock()
     ctx.state.put_setting(REPUTATION_SETTING, json.dumps(cfg.to_dict()), now)
     ctx.policy = cfg

@@ -25,6 +25,7 @@ import grpc
 
 from ftis.coordinator import reputation
 from ftis.coordinator.config import CoordinatorConfig, parse_host_port
+from ftis.coordinator.handlers import admin as admin_handlers
 from ftis.coordinator.handlers.context import SEEN_FLUSH_S, Clock, Context, wall_clock_ms
 from ftis.coordinator.observe import metrics
 from ftis.coordinator.observe.http import HttpBindError, StatusHttpServer
@@ -126,6 +127,9 @@ class CoordinatorServer:
 
     Raises:
         DatabaseError: if the database cannot be opened (raised by the constructor).
+        ValueError: the reputation policy in force turns on audit-based probation with
+            no bootstrap (:func:`~ftis.coordinator.handlers.admin.audit_bootstrap_problem`;
+            raised by the constructor).
     """
 
     def __init__(
@@ -148,6 +152,11 @@ class CoordinatorServer:
         self.ctx = Context.create(config, self.state, clock)
         for seed in config.audit_seed_nodes:  # seeds registered before this start
             self.state.set_audit_status(seed, reputation.AUDIT_PASSED)
+        problem = admin_handlers.audit_bootstrap_problem(self.ctx, self.ctx.policy)
+        if problem is not None:
+            if state is None:
+                self.state.close()
+            raise ValueError(problem)
         self.http_listen = http_listen
         self.http_optional = http_optional
         self._http: StatusHttpServer | None = None
