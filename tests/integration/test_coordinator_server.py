@@ -328,6 +328,8 @@ def test_admin_cli_unreachable_exit_code() -> None:
     [
         (["--listen", "nonsense"], ExitCode.USAGE),
         (["--db", "/nonexistent-dir/sub/coord.db"], ExitCode.COORDINATOR_DATABASE),
+        # audit-based probation with no seed, no held model and no passed audit
+        (["--set", "reputation.audit_reporters=2"], ExitCode.USAGE),
     ],
 )
 def test_serve_exit_codes(tmp_path: Path, args: list[str], code: int) -> None:
@@ -340,6 +342,9 @@ def test_serve_exit_codes(tmp_path: Path, args: list[str], code: int) -> None:
         timeout=60,
     )
     assert result.returncode == code, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("ftis-coordinator: ")
+    if "reputation.audit_reporters=2" in args:
+        assert "no bootstrap" in result.stderr.strip().splitlines()[-1]
 
 
 def test_serve_exits_23_when_a_spot_check_model_does_not_load(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ false reports), the admin surface and persistence of the policy."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -550,3 +551,29 @@ def test_set_reputation_config_validates_persists_and_reevaluates(tmp_path, cloc
     cfg = restarted.reputation_config
     assert cfg.probation_threshold == 0.6 and cfg.auto_ban_on_proof is False
     assert cfg.feedback_cap == 2.0  # settings outside the admin message are kept
+
+
+@pytest.mark.parametrize(
+    ("listen", "audit", "level", "says"),
+    [
+        ("0.0.0.0:0", 0, logging.WARNING, "correct answers are enough"),
+        ("127.0.0.1:0", 0, logging.INFO, "correct answers are enough"),
+        ("0.0.0.0:0", 2, logging.INFO, "an audit by 2 established receivers"),
+    ],
+)
+def test_the_coordinator_says_at_start_how_probation_ends(
+        tmp_path, caplog, listen: str, audit: int, level: int, says: str) -> None:
+    """Count-based probation on a listener other machines can reach is a warning: a node
+    with no model that computes correct answers earns standing there."""
+    from ftis.coordinator.server.app import CoordinatorServer
+    from ftis.lab.harness.coordinator import make_config
+
+    seeds = ["ab" * 32] if audit else []
+    server = CoordinatorServer(make_config(
+        db=f"sqlite:///{tmp_path / 'c.db'}", listen=listen,
+        reputation=ReputationConfig(audit_reporters=audit), audit_seed_nodes=seeds))
+    with caplog.at_level(logging.INFO, logger="ftis.coordinator.server.app"):
+        server.start()
+        server.stop(None)
+    said = [r for r in caplog.records if "probation" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == level and says in said[0].getMessage()

@@ -17,6 +17,7 @@ Programmatic use (e.g. in an integration test)::
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -213,6 +214,29 @@ class CoordinatorServer:
         self._flusher = threading.Thread(target=self._flush_loop, name="ftis-flush", daemon=True)
         self._flusher.start()
         log.info("swarm service on %s, admin service on %s", self.address, self.admin_address)
+        self._log_probation()
+
+    def _log_probation(self) -> None:
+        """Say at start how probation ends; warn when a listener other nodes can reach
+        lets it end on the count of verified bundles alone (a node with no model that
+        computes correct answers can then earn standing; docs/reputation.md)."""
+        policy = self.ctx.policy
+        if policy.audit_reporters > 0:
+            log.info("probation: %d verified bundles and an audit by %d established "
+                     "receivers (seeds: %d, held models: %d)", policy.probation_bundles,
+                     policy.audit_reporters, len(self.config.audit_seed_nodes),
+                     len(self.config.spot_checks.models))
+            return
+        host = parse_host_port(self.config.listen)[0].strip("[]")
+        try:
+            local = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            local = host == "localhost"
+        (log.info if local else log.warning)(
+            "probation ends on %d verified bundles alone (reputation.audit_reporters = 0): "
+            "correct answers are enough to earn standing; for a public swarm turn on "
+            "audit-based probation with audit_seed_nodes or spot_checks.models "
+            "(docs/reputation.md)", policy.probation_bundles)
 
     def _swarm_server(self) -> grpc.Server | AioServerThread:
         """The volunteer listener, not yet bound: a ``grpc.aio`` server on its own
