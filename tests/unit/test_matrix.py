@@ -184,7 +184,7 @@ def test_legacy_methods_by_mixes_config_still_expands():
     assert flag(vis, "--eval-every") == "3"  # every client of the older form is evaluated
 
 
-@pytest.mark.parametrize("name", ["ftis_methods", "ftis_power_pilot", "sapo_sweep_v2",
+@pytest.mark.parametrize("name", ["ftis_methods", "ftis_power_pilot", "sapo_peer",
                                   "ftis_comparison", "ftis_comparison_diverging",
                                   "sapo_sweep", "hetero_family", "hetero_family_geometric",
                                   "hetero_peft", "hetero_quant"])
@@ -201,9 +201,30 @@ def test_committed_methods_configs():
     assert {t.dataset for t in main.tasks} == {"products", "chain_sum"}
     assert all(t.reward == "exact" for t in main.tasks)
     assert len(main.contrast_list()) == 7
-    sapo = ExperimentConfig.load(ROOT / "experiments" / "sapo_sweep_v2.json")
+    sapo = ExperimentConfig.load(ROOT / "experiments" / "sapo_peer.json")
     assert {(a.local, a.external) for a in sapo.arms} == {(4, 0), (3, 1), (2, 2), (1, 3)}
     assert {a.local + a.external for a in sapo.arms} == {4}
+    for arm in sapo.arms:  # J really J: one peer may fill it, and the round waits for it
+        if arm.external:
+            share = float(arm.args[arm.args.index("--max-sender-share") + 1])
+            assert int(share * (arm.local + arm.external)) >= arm.external
+            assert float(arm.args[arm.args.index("--external-wait-s") + 1]) > 0
+
+
+def test_sapo_peer_shares_the_batch_matched_cells_of_the_main_run():
+    """sapo_peer runs into runs/ftis_methods: its 4/0 cells must be the main run's
+    ``solo__alone_batch_matched`` cells exactly, so they are reused, not re-run."""
+    main = ExperimentConfig.load(ROOT / "experiments" / "ftis_methods.json")
+    sapo = ExperimentConfig.load(ROOT / "experiments" / "sapo_peer.json")
+    main_cells = by_name(main)
+    solo = {n: c for n, c in by_name(sapo).items() if n.startswith("solo__")}
+    assert sorted(solo) == [f"solo__alone_batch_matched__s{s}" for s in range(9)]
+    for name, cell in solo.items():
+        other = main_cells[name]
+        for _, role in cell["roles"]:
+            assert args_of(sapo, cell, role.name) == args_of(main, other, role.name)
+        assert coordinator_config(sapo, cell["seed"]) == coordinator_config(main, cell["seed"])
+        assert sapo.eval == main.eval
 
 
 def test_pilot_cells_are_cells_of_the_main_run():

@@ -93,3 +93,51 @@ def test_a_relay_quota_ends_the_rounds_pull_and_keeps_what_was_pulled() -> None:
     conn = _LimitedConn(pages=1, code=ErrorCode.NODE_BANNED)
     with pytest.raises(FtisError):  # other refusals still stop the round
         VolunteerNode._pull_external(_node(conn))  # type: ignore[arg-type]  # noqa: SLF001
+
+
+class _SlowPeer:
+    """A relay that holds one more bundle on each pull after the first ``empty`` pulls."""
+
+    def __init__(self, empty: int) -> None:
+        self.reregistrations = 0
+        self.pulls = 0
+        self.empty = empty
+
+    def pull_bundles(self, cursor: int, max_bundles: int, fingerprint: str):  # noqa: ANN201
+        self.pulls += 1
+        fresh = [object()] if self.pulls > self.empty else []
+        return SimpleNamespace(bundles=fresh, next_cursor=cursor + len(fresh))
+
+
+def _waiting_node(conn: _SlowPeer, wait_s: float, want: int) -> SimpleNamespace:
+    groups: list[object] = []
+    pool = SimpleNamespace(cursor=0, groups=groups, add=groups.append)
+    cfg = SimpleNamespace(external_wait_s=wait_s, external_groups=want)
+    node = SimpleNamespace(conn=conn, pool=pool, relay_fingerprint="f", _registrations_seen=0,
+                           config=cfg)
+    node._pull_external = lambda: VolunteerNode._pull_external(node)  # noqa: SLF001
+    return node
+
+
+def test_a_round_waits_for_its_external_groups_pulling_once_a_second(monkeypatch) -> None:
+    """``external_wait_s``: a round pulls until the pool holds J groups (a peer slower
+    than the learner must not shrink J in an I/J comparison), and gives up at the limit."""
+    from ftis.client.node import runner
+
+    clock = [0.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(runner.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    conn = _SlowPeer(empty=2)  # two empty pulls, then one bundle per pull
+    node = _waiting_node(conn, wait_s=30.0, want=3)
+    waited = VolunteerNode._wait_for_external(node)  # noqa: SLF001
+    assert len(node.pool.groups) == 3 and waited == 5.0 and conn.pulls == 5
+    # the limit: 2.5 s allow pulls at 1, 2 and 2.5 s, all empty
+    conn = _SlowPeer(empty=100)
+    node = _waiting_node(conn, wait_s=2.5, want=1)
+    clock[0] = 0.0
+    assert VolunteerNode._wait_for_external(node) == 2.5  # noqa: SLF001
+    assert node.pool.groups == [] and conn.pulls == 3
+    # off (the default): no pull, no wait
+    conn = _SlowPeer(empty=0)
+    node = _waiting_node(conn, wait_s=0.0, want=3)
+    assert VolunteerNode._wait_for_external(node) == 0.0 and conn.pulls == 0  # noqa: SLF001

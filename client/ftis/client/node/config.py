@@ -133,6 +133,11 @@ class ClientConfig(BaseSettings):
         None, description="refuse to start above this estimated peak memory (6GiB, 8GB, ...)")
     local_groups: int = Field(2, ge=1, le=64, description="I: own groups per round")
     external_groups: int = Field(2, ge=0, le=64, description="J: relayed groups per round")
+    external_wait_s: float = Field(
+        0.0, ge=0, le=3600, description="seconds a round waits, pulling once a second, for "
+        "the relay to hold J groups before its learner step (0: train on what is there; "
+        "experiments that compare I/J mixes at a fixed I + J set it, so that a peer slower "
+        "than the learner cannot shrink J)")
     max_sender_share: float = Field(
         0.5, gt=0, le=1, description="most of a round's batch (I + J groups) one external "
         "sender may fill")

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 PULL_PAGE = 64
+#: Seconds between pulls while a round waits for its external groups (``external_wait_s``).
+EXTERNAL_WAIT_POLL_S = 1.0
 
 
 def peak_rss_mb() -> float:
@@ -437,6 +439,21 @@ class VolunteerNode:
             if len(resp.bundles) < PULL_PAGE:
                 return
 
+    def _wait_for_external(self) -> float:
+        """Pull once a second until the pool holds ``external_groups`` groups or
+        ``external_wait_s`` seconds have passed; returns the seconds waited (0.0 when
+        the pool already held them or the wait is off)."""
+        cfg = self.config
+        started = time.monotonic()
+        deadline = started + cfg.external_wait_s
+        while len(self.pool.groups) < cfg.external_groups:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(EXTERNAL_WAIT_POLL_S, left))
+            self._pull_external()
+        return time.monotonic() - started if cfg.external_wait_s else 0.0
+
     def run_round(self) -> RoundResult:
         """One round; returns its metrics (also appended to ``out/metrics.jsonl``)."""
         t0 = time.perf_counter()
@@ -460,6 +477,7 @@ class VolunteerNode:
         audits: list[RolloutGroup] = []
         if self.pulls:
             self._pull_external()
+            stats["external_wait_seconds"] = self._wait_for_external()
             external = self.pool.take(cfg.external_groups, cfg.max_groups_per_sender)
             audits = self.pool.take_audits(AUDIT_GROUPS_PER_ROUND)
         stats["external_groups_used"] = float(len(external))
