@@ -599,3 +599,19 @@ def test_the_async_handler_caps_a_connections_requests_being_handled() -> None:
             return [(await first).server_time_ms, second.error.code]
 
     assert asyncio.run(run()) == [1, ErrorCode.RATE_LIMITED]
+
+
+def test_one_relay_page_at_a_time_per_node() -> None:
+    """A second pull of a node while its first is served is refused (RATE_LIMITED),
+    costs none of its pull quota, and another node is served meanwhile."""
+    clock = FakeClock()
+    coord = make_coordinator(clock, pulls_per_minute=2)
+    node, other = register(coord), register(coord)
+    assert coord.ctx.quotas.start_pull(node.node_id)  # its first pull, being served
+    assert _code(coord.pull_bundles, node.node_id, 0, 8) == ErrorCode.RATE_LIMITED
+    coord.pull_bundles(other.node_id, 0, 8)
+    coord.ctx.quotas.end_pull(node.node_id)
+    coord.pull_bundles(node.node_id, 0, 8)
+    coord.pull_bundles(node.node_id, 0, 8)  # both of its 2 pulls a minute were left
+    assert _code(coord.pull_bundles, node.node_id, 0, 8) == ErrorCode.RATE_LIMITED
+    assert coord.ctx.quotas.start_pull(node.node_id)  # a refused pull gave its slot back

@@ -239,9 +239,27 @@ class Quotas:
                                                  clock=clock)
         #: refusals answered without a verdict row (the budget above was spent)
         self.unattributed_dropped = 0
+        self._pulling: set[str] = set()
+        self._pulling_lock = threading.Lock()
 
     def admit_pull(self, node_id: str) -> bool:
         return self.pulls.try_take(node_id)
+
+    def start_pull(self, node_id: str) -> bool:
+        """Take ``node_id``'s one relay-page slot; ``False`` while another of its pulls is
+        being served. A client pulls one page after another, so only a flood asks for a
+        second at once, and its pages would be built side by side, holding the
+        interpreter that serves every other node (docs/threat-model.md §4.16)."""
+        with self._pulling_lock:
+            if node_id in self._pulling:
+                return False
+            self._pulling.add(node_id)
+            return True
+
+    def end_pull(self, node_id: str) -> None:
+        """Give back the slot :meth:`start_pull` took."""
+        with self._pulling_lock:
+            self._pulling.discard(node_id)
 
     def pull_bytes_left(self, node_id: str) -> int:
         """Envelope bytes of relay pages ``node_id`` may be served now (whole bytes)."""

@@ -52,8 +52,21 @@ def pull_bundles(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
     (``pull_bytes_per_minute``), whichever is less (it always holds at least one bundle).
 
     Raises:
-        FtisError: RATE_LIMITED (``pulls_per_minute``, or no relay bytes left).
+        FtisError: RATE_LIMITED (another pull of this node is being served,
+            ``pulls_per_minute``, or no relay bytes left).
     """
+    if not ctx.quotas.start_pull(node.node_id):
+        raise FtisError(ErrorCode.RATE_LIMITED,
+                        "one relay page at a time: another pull of this node is being served")
+    try:
+        return _page(ctx, node, cursor, max_bundles, tokenizer_fingerprint, skip_zero_variance)
+    finally:
+        ctx.quotas.end_pull(node.node_id)
+
+
+def _page(ctx: Context, node: NodeRecord, cursor: int, max_bundles: int,
+          tokenizer_fingerprint: str, skip_zero_variance: bool) -> RelayPage:
+    """:func:`pull_bundles` once the node holds its pull slot."""
     if not ctx.quotas.admit_pull(node.node_id):
         raise FtisError(ErrorCode.RATE_LIMITED,
                         f"more than {ctx.config.pulls_per_minute:g} pulls per minute; slow down")
