@@ -148,7 +148,7 @@ def test_start_help_shows_the_models_defaults_and_choices(clean_env):
     assert lr is not None and f"{LearnerConfig().learning_rate:g}" in lr
     assert f"{LORA_LEARNING_RATE:g}" in lr
     assert "AdamW learning rate (unset: 1e-06 for a full fine-tune" in text
-    assert "1e-05 for LoRA and QLoRA" in text
+    assert "0.0002 for LoRA and QLoRA" in text
     method_default = ClientConfig.model_fields["method"].default
     assert method_default == LossConfig().method == "ftis"
     assert ("learner objective (one of " + " | ".join(learner_config.METHODS)

@@ -40,7 +40,7 @@ def test_config_fields(monkeypatch):
         ClientConfig(max_memory="lots")
     cfg = ClientConfig(peft="qlora", lora_targets="q_proj, v_proj", lora_dropout=0.1)
     assert cfg.lora_targets == ["q_proj", "v_proj"]
-    assert cfg.effective_learning_rate == 1e-5
+    assert cfg.effective_learning_rate == 2e-4  # LoRA/QLoRA default
     s = cfg.lora_settings
     assert s.target_modules == ("q_proj", "v_proj") and s.dropout == 0.1 and s.rank == 16
     assert ClientConfig().lora_targets == ["q_proj", "k_proj", "v_proj", "o_proj"]

@@ -117,9 +117,15 @@ SUMMED_FILTER_THRESHOLD = 50.0
 """The paper's g = 50 summed nats: the client's threshold for the legacy summed
 statistics (:data:`SUMMED_DIVERGENCES`) when none is given."""
 
-LORA_LEARNING_RATE = 1e-5
+LORA_LEARNING_RATE = 2e-4
 """The client's learning rate for LoRA and QLoRA adapters when none is given (a full
-fine-tune uses ``LearnerConfig``'s default, the paper's 1e-6)."""
+fine-tune uses ``LearnerConfig``'s default, the paper's 1e-6).
+
+2e-4 is the low end of the range that moves the embedded 135M model's adapters in tens
+of steps (DESIGN.md §4: 2e-4 to 5e-4; the demo's LoRA client learns at 3e-4,
+docs/demo.md) and the learning rate the QLoRA paper (Dettmers et al. 2023) used for 7B
+and 13B models. It was 1e-5 until 2026-11-24, under which 12-24 GRPO steps changed none
+or 1-2 of 116 held-out answers of any LoRA model (docs/merit.md, "The first run")."""
 
 
 def default_filter_threshold(divergence: str) -> float:
