@@ -32,7 +32,18 @@ def test_fourway_runner_on_tiny_swarms(tmp_path, tiny_model_dir, monkeypatch) ->
         "plan_file": str(plan), "heldout_fraction": 0.3,
         "eval": {"size": 2, "max_new_tokens": 4}, "keep_models": True})
     out = tmp_path / "run"
-    rows = [json.loads(x) for x in run_merit(cfg, out).read_text().splitlines()]
+    seen: list[list[str]] = []  # the cells results.jsonl holds as each cell starts
+
+    def peek(_cell: object) -> None:
+        path = out / "results.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        seen.append(sorted({json.loads(x)["cell"] for x in lines}))
+
+    rows = [json.loads(x) for x in run_merit(cfg, out, on_cell=peek).read_text().splitlines()]
+    # written as the run goes: each cell starts with every earlier cell's rows on disk
+    assert seen[0] == [] and all(len(b) == len(a) + 1 for a, b in zip(seen, seen[1:], strict=False))
+    every = {r["cell"] for r in rows}
+    assert len(every) == len(seen) and len(every - set(seen[-1])) == 1  # all but the last
 
     train = {(r["arm"], r["model"]): r for r in rows if r["kind"] == "train"}
     assert set(train) == {("joint", "joint"), ("conflict", "b0"), ("conflict", "b1"),

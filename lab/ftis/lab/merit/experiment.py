@@ -461,7 +461,9 @@ def run_merge_cell(cfg: MeritExperimentConfig, cell: MeritCell, out: Path) -> li
 def run_merit(cfg: MeritExperimentConfig, out: Path,
               on_cell: Callable[[MeritCell], None] | None = None) -> Path:
     """Plan, train, merge and evaluate every cell (finished ones skipped); writes
-    ``OUT/config.json`` and ``OUT/results.jsonl`` (returned).
+    ``OUT/config.json`` and ``OUT/results.jsonl`` (returned). The results file is
+    rewritten after every cell with the rows of the cells finished so far, so a long run
+    can be collected (``experiments/summarize.py --collect OUT``) while it goes on.
 
     Raises:
         ValueError: a plan is not a partition of the families, or arms would train on
@@ -476,10 +478,12 @@ def run_merit(cfg: MeritExperimentConfig, out: Path,
     check_equal_samples(cells, cfg.group_size)
     runners = {"base": run_base_cell, "train": run_train_cell, "merge": run_merge_cell}
     rows: list[dict[str, Any]] = []
+    path = out / "results.jsonl"
     for cell in cells:
         if on_cell:
             on_cell(cell)
         rows += runners[cell.kind](cfg, cell, out)
-    path = out / "results.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp = path.with_suffix(".jsonl.tmp")  # a reader never sees half a file
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(path)
     return path
