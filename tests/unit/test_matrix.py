@@ -184,7 +184,8 @@ def test_legacy_methods_by_mixes_config_still_expands():
     assert flag(vis, "--eval-every") == "3"  # every client of the older form is evaluated
 
 
-@pytest.mark.parametrize("name", ["ftis_methods", "ftis_power_pilot", "sapo_peer",
+@pytest.mark.parametrize("name", ["ftis_methods", "ftis_power_pilot", "sapo_peer", "ftis_qlora_partner",
+                                  "ftis_drifted_partner",
                                   "ftis_comparison", "ftis_comparison_diverging",
                                   "sapo_sweep", "hetero_family", "hetero_family_geometric",
                                   "hetero_peft", "hetero_quant"])
@@ -211,20 +212,31 @@ def test_committed_methods_configs():
             assert float(arm.args[arm.args.index("--external-wait-s") + 1]) > 0
 
 
-def test_sapo_peer_shares_the_batch_matched_cells_of_the_main_run():
-    """sapo_peer runs into runs/ftis_methods: its 4/0 cells must be the main run's
-    ``solo__alone_batch_matched`` cells exactly, so they are reused, not re-run."""
+@pytest.mark.parametrize(("name", "solo_arms", "pairing"), [
+    ("sapo_peer", ["alone_batch_matched"], "peer"),
+    ("ftis_qlora_partner", ["alone", "alone_batch_matched"], "qlora_partner"),
+    ("ftis_drifted_partner", ["alone", "alone_batch_matched"], "drifted_partner"),
+])
+def test_configs_run_into_the_main_folder_share_its_solo_cells(name, solo_arms, pairing):
+    """These run into runs/ftis_methods: their partner-less cells must be the main run's
+    ``solo__*`` cells exactly (reused, not re-run), and their partnered cells the main
+    config's cells of the same pairing, arm and seed."""
     main = ExperimentConfig.load(ROOT / "experiments" / "ftis_methods.json")
-    sapo = ExperimentConfig.load(ROOT / "experiments" / "sapo_peer.json")
+    cfg = ExperimentConfig.load(ROOT / "experiments" / f"{name}.json")
     main_cells = by_name(main)
-    solo = {n: c for n, c in by_name(sapo).items() if n.startswith("solo__")}
-    assert sorted(solo) == [f"solo__alone_batch_matched__s{s}" for s in range(9)]
-    for name, cell in solo.items():
-        other = main_cells[name]
+    mine = by_name(cfg)
+    solo = {n: c for n, c in mine.items() if n.startswith("solo__")}
+    assert sorted(solo) == sorted(f"solo__{a}__s{s}" for a in solo_arms for s in range(9))
+    assert all(n.startswith(f"{pairing}__") for n in set(mine) - set(solo))
+    for cell_name, cell in mine.items():
+        other = main_cells.get(cell_name)
+        if other is None:  # an arm the main config does not have (sapo_peer's mixes)
+            assert name == "sapo_peer"
+            continue
         for _, role in cell["roles"]:
-            assert args_of(sapo, cell, role.name) == args_of(main, other, role.name)
-        assert coordinator_config(sapo, cell["seed"]) == coordinator_config(main, cell["seed"])
-        assert sapo.eval == main.eval
+            assert args_of(cfg, cell, role.name) == args_of(main, other, role.name)
+        assert coordinator_config(cfg, cell["seed"]) == coordinator_config(main, cell["seed"])
+    assert cfg.eval == main.eval
 
 
 def test_pilot_cells_are_cells_of_the_main_run():
