@@ -103,6 +103,25 @@ def test_client_defaults_equal_the_section_models_defaults():
     assert cfg.lora_settings == LoraSettings()
     assert cfg.effective_learning_rate == LearnerConfig().learning_rate == 1e-6
     assert ClientConfig(peft="lora").effective_learning_rate == LORA_LEARNING_RATE
+
+
+@pytest.mark.parametrize(("peft", "parameters", "expected"), [
+    ("none", 134_515_008, 1e-5),  # the embedded SmolLM2-135M: the size that learns at 1e-5
+    ("none", 268_098_176, 1e-5),  # Gemma 3 270M
+    ("none", 999_999_999, 1e-5),
+    ("none", 1_000_000_000, 1e-6),  # from 1B: the paper's (1.5B-3B models)
+    ("none", 3_000_000_000, 1e-6),
+    ("none", None, 1e-6),  # size unknown: the paper's
+    ("lora", 134_515_008, 2e-4),
+    ("qlora", 7_000_000_000, 2e-4),
+])
+def test_the_default_learning_rate_follows_the_peft_kind_and_the_model_size(
+        peft, parameters, expected) -> None:
+    cfg = ClientConfig(peft=peft)
+    assert cfg.learning_rate_for(parameters) == expected
+    assert cfg.learner_for(parameters).learning_rate == expected
+    given = ClientConfig(peft=peft, learning_rate=3e-5)  # a given rate always wins
+    assert given.learning_rate_for(parameters) == 3e-5
     legacy = ClientConfig(divergence="kl_learner_gen").loss
     assert legacy.filter_threshold == SUMMED_FILTER_THRESHOLD == 50.0
 
@@ -147,7 +166,8 @@ def test_start_help_shows_the_models_defaults_and_choices(clean_env):
     lr = ClientConfig.model_fields["learning_rate"].description
     assert lr is not None and f"{LearnerConfig().learning_rate:g}" in lr
     assert f"{LORA_LEARNING_RATE:g}" in lr
-    assert "AdamW learning rate (unset: 1e-06 for a full fine-tune" in text
+    assert ("AdamW learning rate (unset: for a full fine-tune 1e-05 below 1B parameters, "
+            "else 1e-06, the paper's") in " ".join(text.split())
     assert "0.0002 for LoRA and QLoRA" in text
     method_default = ClientConfig.model_fields["method"].default
     assert method_default == LossConfig().method == "ftis"

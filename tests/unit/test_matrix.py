@@ -184,8 +184,8 @@ def test_legacy_methods_by_mixes_config_still_expands():
     assert flag(vis, "--eval-every") == "3"  # every client of the older form is evaluated
 
 
-@pytest.mark.parametrize("name", ["ftis_methods", "ftis_power_pilot", "sapo_peer", "ftis_qlora_partner",
-                                  "ftis_drifted_partner",
+@pytest.mark.parametrize("name", ["ftis_methods", "ftis_power_pilot", "sapo_peer",
+                                  "ftis_qlora_partner", "ftis_drifted_partner",
                                   "ftis_comparison", "ftis_comparison_diverging",
                                   "sapo_sweep", "hetero_family", "hetero_family_geometric",
                                   "hetero_peft", "hetero_quant"])

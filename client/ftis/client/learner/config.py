@@ -32,6 +32,9 @@ __all__ = [
     "DEFAULT_FILTER_THRESHOLD",
     "DIVERGENCES",
     "LORA_LEARNING_RATE",
+    "SMALL_MODEL_LEARNING_RATE",
+    "SMALL_MODEL_PARAMETERS",
+    "default_learning_rate",
     "METHODS",
     "PER_TOKEN_DIVERGENCES",
     "SUMMED_DIVERGENCES",
@@ -126,6 +129,40 @@ of steps (DESIGN.md §4: 2e-4 to 5e-4; the demo's LoRA client learns at 3e-4,
 docs/demo.md) and the learning rate the QLoRA paper (Dettmers et al. 2023) used for 7B
 and 13B models. It was 1e-5 until 2026-11-24, under which 12-24 GRPO steps changed none
 or 1-2 of 116 held-out answers of any LoRA model (docs/merit.md, "The first run")."""
+
+
+SMALL_MODEL_PARAMETERS = 1_000_000_000
+"""Below this many base-model parameters a full fine-tune defaults to
+:data:`SMALL_MODEL_LEARNING_RATE` instead of ``LearnerConfig``'s (the paper's) 1e-6."""
+
+SMALL_MODEL_LEARNING_RATE = 1e-5
+"""The full fine-tune learning rate for models under :data:`SMALL_MODEL_PARAMETERS`.
+
+The F-TIS paper's 1e-6 is for 1.5B-3B models over 50 iterations. On the embedded
+SmolLM2-135M it does not move the policy in tens of steps (DESIGN.md §4; issue 11: at 2e-6
+the largest learner/generator ratio after 10 rounds was 1.08-1.12), while 1e-5 does: the
+demo's full client goes from sampled held-out pass@1 0.258 to 0.748 in 20 rounds, p =
+5e-05 (docs/demo.md), and the 1e-5 learners of docs/results.md E learn too."""
+
+
+def default_learning_rate(peft: str, parameter_count: int | None) -> float:
+    """The learning rate a client uses when none is given.
+
+    Args:
+        peft: ``"none"`` (full fine-tune), ``"lora"`` or ``"qlora"``.
+        parameter_count: the base model's parameters (``ModelCard.parameter_count``),
+            or ``None`` when not known yet.
+
+    Returns:
+        :data:`LORA_LEARNING_RATE` for LoRA and QLoRA; for a full fine-tune
+        :data:`SMALL_MODEL_LEARNING_RATE` below :data:`SMALL_MODEL_PARAMETERS` parameters,
+        else (or when the size is not known) ``LearnerConfig``'s default, the paper's 1e-6.
+    """
+    if peft in ("lora", "qlora"):
+        return LORA_LEARNING_RATE
+    if parameter_count is not None and 0 < parameter_count < SMALL_MODEL_PARAMETERS:
+        return SMALL_MODEL_LEARNING_RATE
+    return float(LearnerConfig.model_fields["learning_rate"].default)
 
 
 def default_filter_threshold(divergence: str) -> float:

@@ -46,6 +46,8 @@ from ftis.client.learner.config import (
     DEFAULT_FILTER_THRESHOLD,
     LORA_LEARNING_RATE,
     PER_TOKEN_DIVERGENCES,
+    SMALL_MODEL_LEARNING_RATE,
+    SMALL_MODEL_PARAMETERS,
     SUMMED_DIVERGENCES,
     SUMMED_FILTER_THRESHOLD,
     Aggregation,
@@ -55,6 +57,7 @@ from ftis.client.learner.config import (
     LossConfig,
     Method,
     default_filter_threshold,
+    default_learning_rate,
 )
 from ftis.client.models.peft import LoraSettings, PeftKind
 from ftis.client.rollout.settings import SamplingSettings
@@ -160,8 +163,10 @@ class ClientConfig(BaseSettings):
     clip_eps_high: float = section_field(LossConfig, "clip_eps_high")
     learning_rate: float | None = section_field(
         LearnerConfig, "learning_rate", default=None, description="AdamW learning rate "
-        f"(unset: {_default(LearnerConfig, 'learning_rate'):g} for a full fine-tune, the "
-        f"paper's; {LORA_LEARNING_RATE:g} for LoRA and QLoRA)")
+        f"(unset: for a full fine-tune {SMALL_MODEL_LEARNING_RATE:g} below "
+        f"{SMALL_MODEL_PARAMETERS / 1e9:g}B parameters, else "
+        f"{_default(LearnerConfig, 'learning_rate'):g}, the paper's; "
+        f"{LORA_LEARNING_RATE:g} for LoRA and QLoRA)")
     temperature: float = section_field(SamplingSettings, "temperature")
     max_new_tokens: int = section_field(SamplingSettings, "max_new_tokens")
     micro_batch_size: int = section_field(LearnerConfig, "micro_batch_size")
@@ -235,12 +240,16 @@ class ClientConfig(BaseSettings):
 
     @property
     def effective_learning_rate(self) -> float:
-        """``learning_rate``, or :class:`LearnerConfig`'s default (full fine-tune) or
-        :data:`~ftis.client.learner.config.LORA_LEARNING_RATE` (LoRA, QLoRA)."""
+        """:meth:`learning_rate_for` a model of unknown size."""
+        return self.learning_rate_for(None)
+
+    def learning_rate_for(self, parameter_count: int | None) -> float:
+        """``learning_rate``, or the default for this PEFT kind and a base model of
+        ``parameter_count`` parameters
+        (:func:`~ftis.client.learner.config.default_learning_rate`)."""
         if self.learning_rate is not None:
             return self.learning_rate
-        return (LORA_LEARNING_RATE if self.peft in ("lora", "qlora")
-                else float(_default(LearnerConfig, "learning_rate")))
+        return default_learning_rate(self.peft, parameter_count)
 
     def _section(self, name: str, **resolved: Any) -> dict[str, Any]:
         _, fields = SECTIONS[name]
@@ -255,9 +264,15 @@ class ClientConfig(BaseSettings):
 
     @property
     def learner(self) -> LearnerConfig:
-        """The :class:`LearnerConfig` of this configuration (its loss: :attr:`loss`)."""
+        """The :class:`LearnerConfig` of this configuration for a model of unknown size
+        (:meth:`learner_for`)."""
+        return self.learner_for(None)
+
+    def learner_for(self, parameter_count: int | None) -> LearnerConfig:
+        """The :class:`LearnerConfig` of this configuration (its loss: :attr:`loss`; its
+        learning rate: :meth:`learning_rate_for` ``parameter_count``)."""
         return LearnerConfig(loss=self.loss, **self._section(
-            "learner", learning_rate=self.effective_learning_rate))
+            "learner", learning_rate=self.learning_rate_for(parameter_count)))
 
     @property
     def sampling(self) -> SamplingSettings:

@@ -245,7 +245,8 @@ class VolunteerNode:
         self.hooks: NodeHooks = hooks if hooks is not None else HonestHooks(connection)
         self.out = Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.learner = Learner(policy.model, config.learner,
+        self.learner = Learner(policy.model,
+                               config.learner_for(int(policy.card.parameter_count)),
                                pad_token_id=policy.tokenizer.pad_token_id)
         self.sampling = config.sampling
         self.pool = ExternalPool(connection.node_id, int(policy.card.vocab_size),
