@@ -21,6 +21,7 @@ from ftis.lab.experiment.matrix import (
     collect_finished,
     coordinator_config,
     merge_args,
+    restore_finished,
     run_cell,
     run_experiment,
     write_results,
@@ -423,6 +424,41 @@ def test_collect_finished_reads_only_done_cells_without_running(tmp_path, fake_l
     assert (tmp_path / "partial" / "results.jsonl").read_text().splitlines() == \
         [json.dumps(r) for r in rows]
     assert json.loads((tmp_path / "partial" / "config.json").read_text())["seeds"] == [0, 1]
+
+
+def test_restore_finished_resumes_from_committed_results_on_a_new_machine(tmp_path,
+                                                                         fake_launch):
+    """A results folder (``--collect-to``) rebuilds its cells in an empty --out: the
+    resumed run launches only the missing cells and writes the same rows; a folder from
+    another config is refused."""
+    cfg = arms_config(seeds=[0, 1], arms=[
+        {"name": "alone_batch_matched", "method": "on_policy", "local": 4, "partners": False},
+        {"name": "tis", "method": "tis", "local": 2, "external": 2}])
+    first = tmp_path / "first"
+    run_experiment(cfg, first)
+    full_rows = (first / "results.jsonl").read_text()
+    full_evals = (first / "evals.jsonl").read_text()
+    unfinished = next(c["name"] for c in cells(cfg) if c["seed"] == 1 and c["method"] == "tis")
+    (first / "cells" / unfinished / "DONE").unlink()
+    rows, evals, _ = collect_finished(cfg, first)
+    write_results(cfg, rows, evals, tmp_path / "committed")
+
+    new = tmp_path / "new"
+    assert restore_finished(cfg, tmp_path / "committed", new) == 3
+    assert restore_finished(cfg, tmp_path / "committed", new) == 0  # already there
+    assert (new / "cells" / cells(cfg)[0]["name"] / "RESTORED").exists()
+    launched = len(fake_launch)
+    run_experiment(cfg, new)
+    assert len(fake_launch) == launched + 1  # only the unfinished cell ran
+    assert fake_launch[-1]["out"].name == unfinished
+    assert (new / "results.jsonl").read_text() == full_rows
+    assert (new / "evals.jsonl").read_text() == full_evals
+
+    other = arms_config(seeds=[0, 1, 2], arms=cfg.model_dump()["arms"])
+    with pytest.raises(ValueError, match="seeds"):
+        restore_finished(other, tmp_path / "committed", tmp_path / "x")
+    with pytest.raises(ValueError, match="no config.json"):
+        restore_finished(cfg, tmp_path / "nothing", tmp_path / "x")
 
 
 # ------------------------------------------------------------------- arms analysis

@@ -186,3 +186,52 @@ def test_committed_merit_config_and_doc_tables_are_current() -> None:
     summarize = load_script("experiments/summarize.py")
     assert summarize.main(["--doc", str(ROOT / "docs" / "merit.md"), "--check"]) == 0
     assert "<!-- table:merit_fourway/families -->" in (ROOT / "docs" / "merit.md").read_text()
+
+
+def test_restore_cells_resumes_from_committed_rows_and_retrains_unmerged_branches(
+        tmp_path, monkeypatch) -> None:
+    """Committed rows rebuild their cells in an empty --out: the resumed run computes only
+    what is missing, and a branch whose merge was not committed (its model is gone)
+    trains again; a results folder from another config is refused."""
+    from ftis.lab.experiment.matrix import done_or_fresh
+    from ftis.lab.merit import experiment as mx
+
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(PLAN))
+    cfg = config(plan_file=str(plan_file))
+    cells = merit_cells(cfg, {s: split_branches(PLAN, cfg.families) for s in cfg.seeds})
+    ran: list[str] = []
+
+    def fake(cfg_, cell, out):  # noqa: ANN001, ANN202
+        cdir = out / "cells" / cell.name
+        if not (cdir / "DONE").exists():
+            ran.append(cell.name)
+            cdir.mkdir(parents=True, exist_ok=True)
+            mx._finish(cdir, [{"kind": "eval", "cell": cell.name, "seed": cell.seed,
+                               "arm": cell.arm, "model": cell.model, "family": "gcd"}])
+        return mx._read_rows(cdir)
+
+    for name in ("run_base_cell", "run_train_cell", "run_merge_cell"):
+        monkeypatch.setattr(mx, name, fake)
+    full = mx.run_merit(cfg, tmp_path / "first").read_text().splitlines()
+    assert len(ran) == len(cells) == 15
+    committed = tmp_path / "committed"
+    (committed / "plans").mkdir(parents=True)
+    (committed / "plans" / "s1.json").write_text(json.dumps(PLAN))
+    (committed / "config.json").write_text(cfg.model_dump_json())
+    # seed 1 stopped after random__b0: its merge is not in the committed rows
+    keep = full[:full.index(next(x for x in full if '"random__b1__s1"' in x))]
+    (committed / "results.jsonl").write_text("\n".join(keep) + "\n")
+
+    new = tmp_path / "new"
+    assert mx.restore_cells(cfg, committed, new) == 12  # base + 7 + 4; not random__b0__s1
+    assert not (new / "cells" / "random__b0__s1").exists()
+    assert (new / "plans" / "s1.json").exists()
+    assert (new / "cells" / "joint__s1" / "RESTORED").exists()
+    assert done_or_fresh(new / "cells" / "joint__s1", {"any": "spec"}, "x")  # trusted
+    assert mx.restore_cells(cfg, committed, new) == 0
+    ran.clear()
+    assert mx.run_merit(cfg, new).read_text().splitlines() == full
+    assert ran == ["random__b0__s1", "random__b1__s1", "random__merged__s1"]
+    with pytest.raises(ValueError, match="rounds"):
+        mx.restore_cells(config(plan_file=str(plan_file), rounds=4), committed, new)

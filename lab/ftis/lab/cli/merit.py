@@ -85,14 +85,27 @@ def experiment_command(
     config: Annotated[Path, typer.Option(help="the experiment (JSON, e.g. "
                                               "experiments/merit_fourway.json)")],
     out: Annotated[Path, typer.Option(help="its folder; finished cells there are kept")],
+    restore_from: Annotated[Path | None, typer.Option(
+        help="first rebuild under --out the finished cells whose rows this results folder "
+             "holds (e.g. committed raw results, or --collect-to of a run elsewhere); "
+             "it must come from the same config")] = None,
+    collect_to: Annotated[Path | None, typer.Option(
+        help="run nothing: copy config.json, results.jsonl and plans/ of --out (the rows "
+             "of every cell finished so far) to this folder (a run in progress keeps "
+             "going)")] = None,
 ) -> None:
     """Joint training vs the conflict-aware and random splits merged by tokens vs each
     branch alone, at equal total samples, each arm a real local swarm; held-out pass@1
-    per family in OUT/results.jsonl (resumable)."""
+    per family in OUT/results.jsonl (resumable, also from committed raw results)."""
     from pydantic import ValidationError
 
     from ftis.lab.experiment.matrix import CellMismatchError
-    from ftis.lab.merit.experiment import MeritExperimentConfig, run_merit
+    from ftis.lab.merit.experiment import (
+        MeritExperimentConfig,
+        collect_results,
+        restore_cells,
+        run_merit,
+    )
     from ftis.lab.merit.report import tables
     from ftis.lab.merit.run import MeritError
 
@@ -102,6 +115,12 @@ def experiment_command(
         typer.echo(f"merit experiment: {exc}", err=True)
         raise typer.Exit(ExitCode.USAGE) from None
     try:
+        if collect_to is not None:
+            typer.echo(f"{collect_results(out, collect_to)} rows of {out}: {collect_to}")
+            return
+        if restore_from is not None:
+            typer.echo(f"restored {restore_cells(cfg, restore_from, out)} finished cells "
+                       f"from {restore_from}")
         path = run_merit(cfg, out, on_cell=lambda c: typer.echo(f"cell {c.name}"))
     except (MeritError, ValueError, CellMismatchError) as exc:
         typer.echo(f"merit experiment: {exc}", err=True)

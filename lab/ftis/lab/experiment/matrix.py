@@ -632,6 +632,76 @@ def collect_finished(cfg: ExperimentConfig, out: Path) -> tuple[list[dict], list
     return rows, evals, done
 
 
+def same_config(current: dict, src: Path) -> None:
+    """Check that the results folder ``src`` was written by the config ``current`` (its
+    ``model_dump(mode="json")``): ``src/config.json`` must equal it in every setting.
+
+    Raises:
+        ValueError: ``src`` has no ``config.json``, or it differs (the keys are named).
+    """
+    path = src / "config.json"
+    if not path.exists():
+        raise ValueError(f"{src} has no config.json: not a results folder")
+    old = json.loads(path.read_text())
+    cur = json.loads(json.dumps(current))
+    if old != cur:
+        keys = sorted(k for k in set(old) | set(cur) if old.get(k) != cur.get(k))
+        raise ValueError(f"{src} was run with another config ({', '.join(keys)} differ)")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+#: the labels :func:`_row` and :func:`read_evals` add to a client's own records
+_LABELS = ("cell", "pairing", "mix", "arm", "method", "role", "seed", "client")
+
+
+def restore_finished(cfg: ExperimentConfig, src: Path, out: Path) -> int:
+    """Rebuild under ``out`` the finished cells whose raw results ``src`` holds (a folder
+    written by ``--collect-to`` or by a finished run, e.g. committed under
+    ``experiments/results/``), so that a run resumed on another machine, or after its
+    working folder was lost, skips them. Each restored cell gets its clients'
+    ``metrics.jsonl`` and ``eval.jsonl`` back from the rows (:func:`cell_rows` and
+    :func:`read_evals` then return exactly the rows of ``src``), a ``RESTORED`` file
+    naming ``src`` and a ``DONE`` marker; no checkpoints (nothing needs them once a cell
+    is done). A cell already finished under ``out`` is left as it is.
+
+    Returns:
+        The number of cells restored.
+
+    Raises:
+        ValueError: ``src`` was written by another config (:func:`same_config`).
+    """
+    same_config(cfg.model_dump(mode="json"), src)
+    rows: dict[str, list[dict]] = defaultdict(list)
+    for r in _read_jsonl(src / "results.jsonl"):
+        rows[r["cell"]].append(r)
+    evals: dict[str, list[dict]] = defaultdict(list)
+    for e in _read_jsonl(src / "evals.jsonl"):
+        evals[e["cell"]].append(e)
+    restored = 0
+    for cell in cells(cfg):
+        cdir = out / "cells" / cell["name"]
+        if cell["name"] not in rows or (cdir / "DONE").exists():
+            continue
+        shutil.rmtree(cdir, ignore_errors=True)
+        for _, role in cell["roles"]:
+            rdir = cdir / role.name
+            rdir.mkdir(parents=True)
+            for name, recs in (("metrics.jsonl", rows[cell["name"]]),
+                               ("eval.jsonl", evals[cell["name"]])):
+                own = [{k: v for k, v in r.items() if k not in _LABELS}
+                       for r in recs if r["client"] == role.name]
+                (rdir / name).write_text("".join(json.dumps(r) + "\n" for r in own))
+        (cdir / "RESTORED").write_text(f"{src}\n")
+        (cdir / "DONE").write_text("ok\n")
+        restored += 1
+    return restored
+
+
 def write_results(cfg: ExperimentConfig, rows: list[dict], evals: list[dict], out: Path) -> None:
     """``out/config.json``, ``out/results.jsonl`` and ``out/evals.jsonl``."""
     out.mkdir(parents=True, exist_ok=True)

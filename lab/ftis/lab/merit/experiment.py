@@ -458,6 +458,76 @@ def run_merge_cell(cfg: MeritExperimentConfig, cell: MeritCell, out: Path) -> li
     return _read_rows(cdir)
 
 
+def collect_results(out: Path, dst: Path) -> int:
+    """Copy what a run under ``out`` has finished so far (``config.json``,
+    ``results.jsonl``, ``plans/``) to ``dst``, the folder to commit and to resume from
+    (:func:`restore_cells`); a run in progress keeps going (its results file is replaced
+    atomically after every cell). Returns the number of rows copied.
+
+    Raises:
+        ValueError: ``out`` has no ``config.json`` or ``results.jsonl`` yet.
+    """
+    for name in ("config.json", "results.jsonl"):
+        if not (out / name).exists():
+            raise ValueError(f"{out} has no {name}: no cell has finished there yet")
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / "config.json", dst / "config.json")
+    text = (out / "results.jsonl").read_text()
+    (dst / "results.jsonl").write_text(text)
+    for plan_path in sorted((out / "plans").glob("s*.json")):
+        (dst / "plans").mkdir(exist_ok=True)
+        shutil.copyfile(plan_path, dst / "plans" / plan_path.name)
+    return sum(1 for x in text.splitlines() if x.strip())
+
+
+def restore_cells(cfg: MeritExperimentConfig, src: Path, out: Path) -> int:
+    """Rebuild under ``out`` the finished cells whose rows the results folder ``src``
+    holds (its ``results.jsonl``, e.g. committed under ``experiments/results/``), so that
+    a run resumed on another machine, or after its working folder was lost, skips them;
+    ``src/plans/*.json`` are copied too when there. Each restored cell gets its rows, a
+    ``RESTORED`` file naming ``src`` and a ``DONE`` marker, but no model, so a branch
+    whose merge is not in ``src`` is not restored (it trains again). A cell already
+    finished under ``out`` is left as it is.
+
+    Returns:
+        The number of cells restored.
+
+    Raises:
+        ValueError: ``src`` was written by another config
+            (:func:`ftis.lab.experiment.matrix.same_config`).
+    """
+    from collections import defaultdict
+
+    from ftis.lab.experiment.matrix import same_config
+
+    same_config(cfg.model_dump(mode="json"), src)
+    by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    path = src / "results.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        if line.strip():
+            row = json.loads(line)
+            by_cell[row["cell"]].append(row)
+    for plan_path in sorted((src / "plans").glob("s*.json")):
+        dst = out / "plans" / plan_path.name
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(plan_path, dst)
+    restored = 0
+    for name, rows in by_cell.items():
+        cdir = out / "cells" / name
+        first = rows[0]
+        orphan = (first["arm"] in SPLITS and first["model"] != "merged"
+                  and f"{first['arm']}__merged__s{first['seed']}" not in by_cell)
+        if orphan or (cdir / "DONE").exists():  # a branch needs its model until merged
+            continue
+        shutil.rmtree(cdir, ignore_errors=True)
+        cdir.mkdir(parents=True)
+        (cdir / "RESTORED").write_text(f"{src}\n")
+        _finish(cdir, rows)
+        restored += 1
+    return restored
+
+
 def run_merit(cfg: MeritExperimentConfig, out: Path,
               on_cell: Callable[[MeritCell], None] | None = None) -> Path:
     """Plan, train, merge and evaluate every cell (finished ones skipped); writes

@@ -6,6 +6,7 @@
   branches alone, and each split's branches on their own families (``*_own``: a family
   scored by the branch that trained it), with the mean over families.
 * :func:`samples_table`: completions and tokens each arm trained on (equal by design).
+* :func:`complete_seeds`: what every table reads: the seeds with all arms finished.
 * :func:`contrast_results`: the pre-registered contrasts on the mean over families,
   paired by seed: bootstrap CI, sign-flip p, Holm
   (:func:`ftis.lab.experiment.report.paired_contrasts`).
@@ -24,6 +25,20 @@ from ftis.lab.merit.experiment import SPLITS, MeritExperimentConfig
 PAIRING, CLIENT = "merit", "mean over families"
 SAMPLES_COLUMNS = ["arm", "cells per seed", "seeds", "planned completions",
                    "accepted completions", "completion tokens", "merge weights"]
+
+
+def complete_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` without the seeds that are not finished: a seed counts once it has the
+    joint model's and every split's merged model's evaluations (a run in progress, or
+    committed part way through a seed, leaves the others out of every table, so that each
+    table's n is the same seeds). Rows without a seed (the base model) are kept."""
+    have: dict[int, set[tuple[str, str]]] = defaultdict(set)
+    for r in rows:
+        if r.get("kind") == "eval" and r.get("seed") is not None:
+            have[r["seed"]].add((r["arm"], r["model"]))
+    need = {("joint", "joint"), *((arm, "merged") for arm in SPLITS)}
+    done = {s for s, got in have.items() if need <= got}
+    return [r for r in rows if r.get("seed") is None or r["seed"] in done]
 
 
 def metric_label(cfg: MeritExperimentConfig) -> str:
@@ -163,7 +178,9 @@ def contrast_results(cfg: MeritExperimentConfig, rows: list[dict[str, Any]]
 
 
 def tables(cfg: MeritExperimentConfig, rows: list[dict[str, Any]]) -> dict[str, str]:
-    """``{"families", "samples", "contrasts", "power", "power_line"}`` markdown."""
+    """``{"families", "samples", "contrasts", "power", "power_line"}`` markdown, over the
+    finished seeds only (:func:`complete_seeds`)."""
+    rows = complete_seeds(rows)
     results = contrast_results(cfg, rows)
     p = cfg.power
     family = p.family_size or max(len(results), 1)
