@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ftis.coordinator.reputation import ReputationConfig
@@ -60,6 +60,12 @@ class _FileSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return dict(_FILE_VALUES.get() or {})
+
+
+#: ``reputation.audit_reporters`` when the config names seed nodes for audit-based
+#: probation (``audit_seed_nodes``) and leaves it unset: the k that docs/reputation.md
+#: and the security runs use (two receivers agreeing).
+AUDIT_REPORTERS_WITH_SEEDS = 2
 
 
 class CoordinatorConfig(BaseSettings):
@@ -201,6 +207,24 @@ class CoordinatorConfig(BaseSettings):
     spot_checks: SpotCheckSettings = Field(default_factory=SpotCheckSettings)
     reputation: ReputationConfig = Field(default_factory=ReputationConfig)
     audit_seed_nodes: list[str] = Field(default_factory=list, max_length=1024)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _audit_with_seeds(cls, data: Any) -> Any:
+        """Naming ``audit_seed_nodes`` turns audit-based probation on: a config that
+        names seeds and does not set ``reputation.audit_reporters`` gets
+        :data:`AUDIT_REPORTERS_WITH_SEEDS` (seeds mean nothing without the audit).
+        Held weights alone (``spot_checks.models``) do not turn it on: nodes of a card
+        the coordinator does not hold would then wait on probation for receivers of
+        their tokenizer that may never exist (docs/reputation.md, "Audit-based
+        probation"). A ``ReputationConfig`` object is taken as it is."""
+        if not isinstance(data, dict) or not data.get("audit_seed_nodes"):
+            return data
+        rep = data.get("reputation")
+        if not (rep is None or isinstance(rep, dict)) or "audit_reporters" in (rep or {}):
+            return data
+        return {**data, "reputation": {**(rep or {}),
+                                       "audit_reporters": AUDIT_REPORTERS_WITH_SEEDS}}
 
     @field_validator("listen", "admin_listen")
     @classmethod
