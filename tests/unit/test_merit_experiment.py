@@ -207,8 +207,15 @@ def test_restore_cells_resumes_from_committed_rows_and_retrains_unmerged_branche
         if not (cdir / "DONE").exists():
             ran.append(cell.name)
             cdir.mkdir(parents=True, exist_ok=True)
-            mx._finish(cdir, [{"kind": "eval", "cell": cell.name, "seed": cell.seed,
-                               "arm": cell.arm, "model": cell.model, "family": "gcd"}])
+            labels = {"cell": cell.name, "seed": cell.seed, "arm": cell.arm,
+                      "model": cell.model}
+            rows = [{"kind": "eval", **labels, "family": "gcd"}]
+            if cell.kind == "train":
+                rows.insert(0, {"kind": "train", **labels,
+                                "families": [t.dataset for t in cell.tasks]})
+            elif cell.kind == "merge":
+                rows.insert(0, {"kind": "merge", **labels, "branches": list(cell.branches)})
+            mx._finish(cdir, rows)
         return mx._read_rows(cdir)
 
     for name in ("run_base_cell", "run_train_cell", "run_merge_cell"):
@@ -227,6 +234,10 @@ def test_restore_cells_resumes_from_committed_rows_and_retrains_unmerged_branche
     assert mx.restore_cells(cfg, committed, new) == 12  # base + 7 + 4; not random__b0__s1
     assert not (new / "cells" / "random__b0__s1").exists()
     assert (new / "plans" / "s1.json").exists()
+    # seed 0 had no plan file in src: its splits come back from its train rows
+    assert json.loads((new / "plans" / "s0.json").read_text())["branches"] == {
+        "conflict_aware": [["products"], ["chain_sum", "gcd", "letter_counting"]],
+        "random": [["letter_counting", "gcd"], ["products", "chain_sum"]]}
     assert (new / "cells" / "joint__s1" / "RESTORED").exists()
     assert done_or_fresh(new / "cells" / "joint__s1", {"any": "spec"}, "x")  # trusted
     assert mx.restore_cells(cfg, committed, new) == 0

@@ -458,6 +458,35 @@ def run_merge_cell(cfg: MeritExperimentConfig, cell: MeritCell, out: Path) -> li
     return _read_rows(cdir)
 
 
+def splits_from_rows(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The splits each seed trained, read back from its ``train`` rows (pure): per seed
+    whose branches of every split are all there and merged, ``{"seed": s, "branches":
+    {"conflict_aware": [[family, ...], ...], "random": [...]}}``, the part of a plan
+    that :func:`split_branches` reads. Lets a resumed run skip re-planning seeds it
+    restored (a plan takes minutes of CPU); the plan's matrix is not in the rows."""
+    trained: dict[tuple[int, str], dict[int, list[str]]] = {}
+    merged: set[tuple[int, str]] = set()
+    for r in rows:
+        if r.get("seed") is None or r.get("arm") not in SPLITS:
+            continue
+        key = (int(r["seed"]), str(r["arm"]))
+        if r.get("kind") == "train" and str(r.get("model", "")).startswith("b"):
+            trained.setdefault(key, {})[int(r["model"][1:])] = list(r["families"])
+        elif r.get("kind") == "merge":
+            merged.add(key)
+    out: dict[int, dict[str, Any]] = {}
+    for seed in sorted({s for s, _ in trained}):
+        branches = {}
+        for arm, name in SPLITS.items():
+            got = trained.get((seed, arm), {})
+            if (seed, arm) not in merged or sorted(got) != list(range(len(got))):
+                break
+            branches[name] = [got[i] for i in range(len(got))]
+        else:
+            out[seed] = {"seed": seed, "branches": branches}
+    return out
+
+
 def collect_results(out: Path, dst: Path) -> int:
     """Copy what a run under ``out`` has finished so far (``config.json``,
     ``results.jsonl``, ``plans/``) to ``dst``, the folder to commit and to resume from
@@ -512,6 +541,12 @@ def restore_cells(cfg: MeritExperimentConfig, src: Path, out: Path) -> int:
         if not dst.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(plan_path, dst)
+    for seed, plan in splits_from_rows([r for rows in by_cell.values() for r in rows]).items():
+        dst = out / "plans" / f"s{seed}.json"
+        if not dst.exists():  # a finished seed needs only its splits, not a new plan
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_text(json.dumps({**plan, "restored_from": f"train rows of {src}"},
+                                      indent=1))
     restored = 0
     for name, rows in by_cell.items():
         cdir = out / "cells" / name
