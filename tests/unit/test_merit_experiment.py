@@ -246,3 +246,22 @@ def test_restore_cells_resumes_from_committed_rows_and_retrains_unmerged_branche
     assert ran == ["random__b0__s1", "random__b1__s1", "random__merged__s1"]
     with pytest.raises(ValueError, match="rounds"):
         mx.restore_cells(config(plan_file=str(plan_file), rounds=4), committed, new)
+
+
+def test_each_seed_is_planned_only_when_its_cells_come_up(tmp_path, monkeypatch) -> None:
+    from ftis.lab.merit import experiment as mx
+
+    events: list[str] = []
+
+    def plan(cfg_, seed, out):  # noqa: ANN001, ANN202
+        events.append(f"plan s{seed}")
+        return PLAN
+
+    monkeypatch.setattr(mx, "load_plan", plan)
+    got = [c.name for c in mx.cells_as_planned(config(), tmp_path)
+           if not events.append(c.name)]
+    cfg = config()
+    assert got == [c.name for c in merit_cells(cfg, {s: split_branches(PLAN, cfg.families)
+                                                     for s in cfg.seeds})]
+    assert events.index("plan s1") == events.index("random__merged__s0") + 1
+    assert events[:2] == ["base", "plan s0"]

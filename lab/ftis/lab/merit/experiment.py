@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -563,28 +563,44 @@ def restore_cells(cfg: MeritExperimentConfig, src: Path, out: Path) -> int:
     return restored
 
 
+def cells_as_planned(cfg: MeritExperimentConfig, out: Path) -> Iterator[MeritCell]:
+    """:func:`merit_cells` in order, each seed planned (:func:`load_plan`) only when its
+    cells come up: a plan takes minutes of CPU, so seed 0 trains while later seeds are
+    still unplanned, and a run stopped part way has planned only the seeds it reached.
+
+    Raises:
+        ValueError: a seed's plan is not a partition of the families, or its arms would
+            train on unequal samples (when that seed comes up).
+    """
+    yield MeritCell(name="base", kind="base", seed=None, arm="base", model="base")
+    for seed in cfg.seeds:
+        one = cfg.model_copy(update={"seeds": [seed]})
+        cells = merit_cells(one, {seed: split_branches(load_plan(cfg, seed, out),
+                                                       cfg.families)})[1:]
+        check_equal_samples(cells, cfg.group_size)
+        yield from cells
+
+
 def run_merit(cfg: MeritExperimentConfig, out: Path,
               on_cell: Callable[[MeritCell], None] | None = None) -> Path:
-    """Plan, train, merge and evaluate every cell (finished ones skipped); writes
+    """Plan (each seed when it comes up: :func:`cells_as_planned`), train, merge and
+    evaluate every cell (finished ones skipped); writes
     ``OUT/config.json`` and ``OUT/results.jsonl`` (returned). The results file is
     rewritten after every cell with the rows of the cells finished so far, so a long run
     can be collected (``experiments/summarize.py --collect OUT``) while it goes on.
 
     Raises:
         ValueError: a plan is not a partition of the families, or arms would train on
-            unequal samples.
+            unequal samples (raised when that seed comes up).
         ftis.lab.experiment.matrix.CellMismatchError: a finished cell has other settings.
         RuntimeError, TimeoutError: a swarm failed (see its ``logs/``).
     """
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    splits = {s: split_branches(load_plan(cfg, s, out), cfg.families) for s in cfg.seeds}
-    cells = merit_cells(cfg, splits)
-    check_equal_samples(cells, cfg.group_size)
     runners = {"base": run_base_cell, "train": run_train_cell, "merge": run_merge_cell}
     rows: list[dict[str, Any]] = []
     path = out / "results.jsonl"
-    for cell in cells:
+    for cell in cells_as_planned(cfg, out):
         if on_cell:
             on_cell(cell)
         rows += runners[cell.kind](cfg, cell, out)
