@@ -271,6 +271,35 @@ def merit_cells(cfg: MeritExperimentConfig,
     return out
 
 
+def splits_from_rows(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The splits each seed trained, read back from its ``train`` rows (pure): per seed
+    whose branches of every split are all there and merged, ``{"seed": s, "branches":
+    {"conflict_aware": [[family, ...], ...], "random": [...]}}``, the part of a plan
+    that :func:`split_branches` reads. Lets a resumed run skip re-planning seeds it
+    restored (a plan takes minutes of CPU); the plan's matrix is not in the rows."""
+    trained: dict[tuple[int, str], dict[int, list[str]]] = {}
+    merged: set[tuple[int, str]] = set()
+    for r in rows:
+        if r.get("seed") is None or r.get("arm") not in SPLITS:
+            continue
+        key = (int(r["seed"]), str(r["arm"]))
+        if r.get("kind") == "train" and str(r.get("model", "")).startswith("b"):
+            trained.setdefault(key, {})[int(r["model"][1:])] = list(r["families"])
+        elif r.get("kind") == "merge":
+            merged.add(key)
+    out: dict[int, dict[str, Any]] = {}
+    for seed in sorted({s for s, _ in trained}):
+        branches = {}
+        for arm, name in SPLITS.items():
+            got = trained.get((seed, arm), {})
+            if (seed, arm) not in merged or sorted(got) != list(range(len(got))):
+                break
+            branches[name] = [got[i] for i in range(len(got))]
+        else:
+            out[seed] = {"seed": seed, "branches": branches}
+    return out
+
+
 def planned_completions(cells: Sequence[MeritCell], group_size: int
                         ) -> dict[tuple[int, str], int]:
     """Completions each arm trains on, per ``(seed, arm)``: the sum over its training
@@ -456,35 +485,6 @@ def run_merge_cell(cfg: MeritExperimentConfig, cell: MeritCell, out: Path) -> li
         for f in folders:  # also after a run stopped between the merge and this clean-up
             shutil.rmtree(f / "checkpoints", ignore_errors=True)
     return _read_rows(cdir)
-
-
-def splits_from_rows(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """The splits each seed trained, read back from its ``train`` rows (pure): per seed
-    whose branches of every split are all there and merged, ``{"seed": s, "branches":
-    {"conflict_aware": [[family, ...], ...], "random": [...]}}``, the part of a plan
-    that :func:`split_branches` reads. Lets a resumed run skip re-planning seeds it
-    restored (a plan takes minutes of CPU); the plan's matrix is not in the rows."""
-    trained: dict[tuple[int, str], dict[int, list[str]]] = {}
-    merged: set[tuple[int, str]] = set()
-    for r in rows:
-        if r.get("seed") is None or r.get("arm") not in SPLITS:
-            continue
-        key = (int(r["seed"]), str(r["arm"]))
-        if r.get("kind") == "train" and str(r.get("model", "")).startswith("b"):
-            trained.setdefault(key, {})[int(r["model"][1:])] = list(r["families"])
-        elif r.get("kind") == "merge":
-            merged.add(key)
-    out: dict[int, dict[str, Any]] = {}
-    for seed in sorted({s for s, _ in trained}):
-        branches = {}
-        for arm, name in SPLITS.items():
-            got = trained.get((seed, arm), {})
-            if (seed, arm) not in merged or sorted(got) != list(range(len(got))):
-                break
-            branches[name] = [got[i] for i in range(len(got))]
-        else:
-            out[seed] = {"seed": seed, "branches": branches}
-    return out
 
 
 def collect_results(out: Path, dst: Path) -> int:
