@@ -13,7 +13,7 @@ ROUNDS ?= 20
 SEED ?= 0
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup test-deps installer-deps installers test-installers test test-fast test-flower demo bench bench-learner bench-coordinator bench-attack bench-soak bench-simulate experiments proto flower-env lint clean
+.PHONY: setup test-deps installer-deps installers test-installers test test-fast test-flower demo bench bench-learner bench-coordinator bench-attack bench-soak bench-simulate experiments merit-experiment proto flower-env lint clean
 
 setup: $(STAMP)
 
@@ -138,16 +138,32 @@ SOAK_MINUTES ?= 60
 bench-soak: setup
 	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES)
 
-# The experiment matrices of docs/results.md, then its tables (experiments/summarize.py
-# copies each run's raw results to experiments/results/ID and rewrites the tables).
-# Resumable: finished cells are reused. The power pilot runs into the same folder as
-# ftis_methods, whose run then reuses its cells. Many hours on 2 cores (docs/results.md).
-# LEGACY=1 also re-runs the older sections A-D (tables kept as text in docs/results.md).
+# The experiments of docs/results.md (E, F) and docs/merit.md, in the order the issues
+# need them, each resumed from its committed raw results when there (finished cells are
+# rebuilt from the rows, not run again: --restore-from), then its finished rows collected
+# back into experiments/results/ID and the tables regenerated. Hours to days on a CPU:
+# stop it any time and run it again; commit experiments/results/ and docs/ as it goes.
+# The main matrix ftis_methods (12 seeds, every partner) comes last. LEGACY=1 adds A-D.
+EXPERIMENTS := ftis_power_pilot ftis_hot_partner ftis_hot_partner_gates sapo_peer \
+	ftis_qlora_partner ftis_drifted_partner
+experiment-%: setup
+	restore=; [ -d experiments/results/$* ] && restore="--restore-from experiments/results/$*"; \
+	$(BIN)/ftis-lab experiment --config experiments/$*.json --out runs/ftis_methods $$restore
+	$(BIN)/ftis-lab experiment --config experiments/$*.json --out runs/ftis_methods \
+		--collect-to experiments/results/$*
+	$(BIN)/python experiments/summarize.py
+merit-experiment: setup
+	restore=; [ -d experiments/results/merit_fourway ] && \
+		restore="--restore-from experiments/results/merit_fourway"; \
+	$(BIN)/ftis-lab merit experiment --config experiments/merit_fourway.json \
+		--out runs/merit_fourway $$restore
+	$(BIN)/ftis-lab merit experiment --config experiments/merit_fourway.json \
+		--out runs/merit_fourway --collect-to experiments/results/merit_fourway
+	$(BIN)/python experiments/summarize.py
 experiments: setup
-	for x in ftis_power_pilot:ftis_methods ftis_methods:ftis_methods sapo_sweep_v2:sapo_sweep_v2; do \
-		cfg=$${x%%:*}; out=runs/$${x##*:}; \
-		$(BIN)/ftis-lab experiment --config experiments/$$cfg.json --out $$out || exit 1; \
-		$(BIN)/python experiments/summarize.py --collect $$out || exit 1; done
+	for id in $(EXPERIMENTS); do $(MAKE) --no-print-directory experiment-$$id || exit 1; done
+	$(MAKE) --no-print-directory merit-experiment
+	$(MAKE) --no-print-directory experiment-ftis_methods
 	if [ -n "$(LEGACY)" ]; then \
 		$(BIN)/ftis-lab experiment --config experiments/ftis_comparison.json --out runs/ftis_comparison && \
 		$(BIN)/ftis-lab experiment --config experiments/ftis_comparison_diverging.json --out runs/ftis_diverging && \

@@ -461,6 +461,36 @@ def test_restore_finished_resumes_from_committed_results_on_a_new_machine(tmp_pa
         restore_finished(cfg, tmp_path / "nothing", tmp_path / "x")
 
 
+def test_cli_restore_from_rebuilds_then_runs_the_rest_and_refuses_another_config(
+        tmp_path, fake_launch):
+    from typer.testing import CliRunner
+
+    from ftis.lab.cli.main import app
+    from ftis.protocol.exit_codes import ExitCode
+
+    cfg = arms_config(seeds=[0, 1], arms=[
+        {"name": "alone_batch_matched", "method": "on_policy", "local": 4, "partners": False},
+        {"name": "tis", "method": "tis", "local": 2, "external": 2}])
+    config = tmp_path / "cfg.json"
+    config.write_text(cfg.model_dump_json())
+    run_experiment(cfg, tmp_path / "first")
+    rows, evals, _ = collect_finished(cfg, tmp_path / "first")
+    write_results(cfg, rows[: len(rows) // 2], [], tmp_path / "committed")  # seed 0 only
+    launched = len(fake_launch)
+    got = CliRunner().invoke(app, ["experiment", "--config", str(config), "--out",
+                                   str(tmp_path / "new"), "--restore-from",
+                                   str(tmp_path / "committed")])
+    assert got.exit_code == 0, got.output
+    assert "restored 2 finished cells" in got.output
+    assert len(fake_launch) == launched + 2  # seed 1's two cells only
+    other = tmp_path / "other.json"
+    other.write_text(arms_config(seeds=[0, 1, 2]).model_dump_json())
+    got = CliRunner().invoke(app, ["experiment", "--config", str(other), "--out",
+                                   str(tmp_path / "x"), "--restore-from",
+                                   str(tmp_path / "committed")])
+    assert got.exit_code == ExitCode.USAGE and "another config" in got.output
+
+
 # ------------------------------------------------------------------- arms analysis
 def synthetic(tmp_path: Path) -> tuple[ExperimentConfig, list[dict], list[dict]]:
     """Three seeds of alone_batch_matched (solo), tis and ftis (hot pairing)."""

@@ -265,3 +265,34 @@ def test_each_seed_is_planned_only_when_its_cells_come_up(tmp_path, monkeypatch)
                                                      for s in cfg.seeds})]
     assert events.index("plan s1") == events.index("random__merged__s0") + 1
     assert events[:2] == ["base", "plan s0"]
+
+
+def test_cli_collect_to_and_restore_from(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from ftis.lab.cli.main import app
+    from ftis.protocol.exit_codes import ExitCode
+
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(PLAN))
+    cfg = config(plan_file=str(plan_file))
+    path = tmp_path / "cfg.json"
+    path.write_text(cfg.model_dump_json())
+    out = tmp_path / "out"
+    runner = CliRunner()
+    got = runner.invoke(app, ["merit", "experiment", "--config", str(path), "--out", str(out),
+                              "--collect-to", str(tmp_path / "c")])
+    assert got.exit_code == ExitCode.USAGE and "no cell has finished" in got.output
+    (out / "plans").mkdir(parents=True)
+    (out / "config.json").write_text(cfg.model_dump_json())
+    (out / "plans" / "s0.json").write_text(json.dumps(PLAN))
+    (out / "results.jsonl").write_text(json.dumps({"kind": "eval", "cell": "base"}) + "\n")
+    got = runner.invoke(app, ["merit", "experiment", "--config", str(path), "--out", str(out),
+                              "--collect-to", str(tmp_path / "c")])
+    assert got.exit_code == 0 and "1 rows" in got.output
+    assert (tmp_path / "c" / "plans" / "s0.json").exists()
+    other = tmp_path / "other.json"
+    other.write_text(config(plan_file=str(plan_file), rounds=5).model_dump_json())
+    got = runner.invoke(app, ["merit", "experiment", "--config", str(other), "--out",
+                              str(tmp_path / "o"), "--restore-from", str(tmp_path / "c")])
+    assert got.exit_code == ExitCode.USAGE and "another config" in got.output

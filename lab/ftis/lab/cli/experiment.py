@@ -21,13 +21,20 @@ def experiment(
         help="run nothing: write config.json, results.jsonl and evals.jsonl of the cells "
              "already finished under --out to this folder (a run in progress keeps going)",
     )] = None,
+    restore_from: Annotated[Path | None, typer.Option(
+        help="first rebuild under --out the finished cells whose raw results this folder "
+             "holds (experiments/results/ID, or --collect-to of a run elsewhere); it must "
+             "come from the same config",
+    )] = None,
 ) -> None:
-    """Methods × seeds × pairings × local/external mixes, each cell a real local swarm."""
+    """Methods × seeds × pairings × local/external mixes, each cell a real local swarm
+    (resumable, also from committed raw results)."""
     from pydantic import ValidationError
 
     from ftis.lab.experiment.matrix import (
         ExperimentConfig,
         collect_finished,
+        restore_finished,
         run_experiment,
         write_results,
     )
@@ -42,5 +49,12 @@ def experiment(
         write_results(cfg, rows, evals, collect_to)
         console.print(f"{done} finished cells of {cfg.id or cfg.name}: {collect_to}")
         return
+    if restore_from is not None:
+        try:
+            done = restore_finished(cfg, restore_from, out)
+        except ValueError as exc:
+            console.print(f"[red]cannot restore from {restore_from}:[/red] {exc}")
+            raise typer.Exit(ExitCode.USAGE) from exc
+        console.print(f"restored {done} finished cells from {restore_from}")
     summary = run_experiment(cfg, out)
     console.print(f"summary: {summary}")
