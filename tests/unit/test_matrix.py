@@ -646,3 +646,20 @@ def test_docs_results_tables_are_current():
     text = (ROOT / "docs" / "results.md").read_text()
     assert "<!-- table:ftis_methods/contrasts -->" in text
     assert summarize.regenerate(text)[0] == text
+
+
+def test_make_experiments_names_configs_that_exist_and_resume_from_their_results():
+    """Every experiment `make experiments` runs has its config, and the folder it
+    restores from (when committed) is that config's own results."""
+    import re
+
+    text = (ROOT / "Makefile").read_text()
+    names = re.search(r"^EXPERIMENTS := (.*?)(?<!\\)$", text, re.M | re.S).group(1)
+    ids = names.replace("\\", " ").split() + ["ftis_methods"]
+    assert "sapo_peer" in ids and "ftis_qlora_partner" in ids
+    for name in ids:
+        cfg = ExperimentConfig.load(ROOT / "experiments" / f"{name}.json")
+        assert cfg.id == name
+        results = ROOT / "experiments" / "results" / name
+        if results.exists():  # --restore-from would accept it
+            matrix.same_config(cfg.model_dump(mode="json"), results)
