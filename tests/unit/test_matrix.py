@@ -489,6 +489,15 @@ def test_cli_restore_from_rebuilds_then_runs_the_rest_and_refuses_another_config
                                    str(tmp_path / "x"), "--restore-from",
                                    str(tmp_path / "committed")])
     assert got.exit_code == ExitCode.USAGE and "another config" in got.output
+    # collecting a run that lacks committed cells over those results would lose them
+    write_results(cfg, rows, evals, tmp_path / "full")
+    seed1 = next(c["name"] for c in cells(cfg) if c["seed"] == 1)
+    (tmp_path / "first" / "cells" / seed1 / "DONE").unlink()
+    got = CliRunner().invoke(app, ["experiment", "--config", str(config), "--out",
+                                   str(tmp_path / "first"), "--collect-to",
+                                   str(tmp_path / "full")])
+    assert got.exit_code == ExitCode.USAGE and "1 cells not finished" in got.output
+    assert len((tmp_path / "full" / "results.jsonl").read_text().splitlines()) == len(rows)
 
 
 # ------------------------------------------------------------------- arms analysis

@@ -271,6 +271,7 @@ def test_cli_collect_to_and_restore_from(tmp_path) -> None:
     from typer.testing import CliRunner
 
     from ftis.lab.cli.main import app
+    from ftis.lab.merit.experiment import unmerged_branches as mx_unmerged
     from ftis.protocol.exit_codes import ExitCode
 
     plan_file = tmp_path / "plan.json"
@@ -296,3 +297,21 @@ def test_cli_collect_to_and_restore_from(tmp_path) -> None:
     got = runner.invoke(app, ["merit", "experiment", "--config", str(other), "--out",
                               str(tmp_path / "o"), "--restore-from", str(tmp_path / "c")])
     assert got.exit_code == ExitCode.USAGE and "another config" in got.output
+    # a results folder with more cells than the run is not overwritten
+    (tmp_path / "c" / "results.jsonl").write_text(
+        json.dumps({"kind": "eval", "cell": "base"}) + "\n"
+        + json.dumps({"kind": "eval", "cell": "joint__s0"}) + "\n")
+    got = runner.invoke(app, ["merit", "experiment", "--config", str(path), "--out", str(out),
+                              "--collect-to", str(tmp_path / "c")])
+    assert got.exit_code == ExitCode.USAGE and "1 cells not finished" in got.output
+    assert "joint__s0" in (tmp_path / "c" / "results.jsonl").read_text()
+    # ... but a branch without its merge may go: its model is gone, it trains again
+    branch = {"kind": "train", "cell": "conflict__b0__s0", "seed": 0, "arm": "conflict",
+              "model": "b0", "families": ["gcd"]}
+    (tmp_path / "c" / "results.jsonl").write_text(json.dumps(branch) + "\n")
+    assert mx_unmerged([branch]) == {"conflict__b0__s0"}
+    assert mx_unmerged([branch, {**branch, "kind": "merge", "cell": "conflict__merged__s0",
+                                 "model": "merged"}]) == set()
+    got = runner.invoke(app, ["merit", "experiment", "--config", str(path), "--out", str(out),
+                              "--collect-to", str(tmp_path / "c")])
+    assert got.exit_code == 0, got.output

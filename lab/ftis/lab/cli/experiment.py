@@ -33,6 +33,7 @@ def experiment(
 
     from ftis.lab.experiment.matrix import (
         ExperimentConfig,
+        cells_dropped,
         collect_finished,
         restore_finished,
         run_experiment,
@@ -46,6 +47,12 @@ def experiment(
         raise typer.Exit(ExitCode.USAGE) from exc
     if collect_to is not None:
         rows, evals, done = collect_finished(cfg, out)
+        lost = cells_dropped(collect_to, rows)
+        if lost:
+            console.print(f"[red]not collected:[/red] {collect_to} holds rows of {len(lost)} "
+                          f"cells not finished under {out} (e.g. {lost[0]}); restore them "
+                          "first (--restore-from) or collect to another folder")
+            raise typer.Exit(ExitCode.USAGE)
         write_results(cfg, rows, evals, collect_to)
         console.print(f"{done} finished cells of {cfg.id or cfg.name}: {collect_to}")
         return

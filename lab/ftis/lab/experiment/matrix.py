@@ -659,6 +659,14 @@ def _read_jsonl(path: Path) -> list[dict]:
 _LABELS = ("cell", "pairing", "mix", "arm", "method", "role", "seed", "client")
 
 
+def cells_dropped(dst: Path, rows: list[dict]) -> list[str]:
+    """The cells whose rows ``dst/results.jsonl`` holds but ``rows`` does not: what
+    writing ``rows`` over ``dst`` would lose (e.g. collecting a run that was not
+    restored from the committed results first)."""
+    have = {r["cell"] for r in rows}
+    return sorted({r["cell"] for r in _read_jsonl(dst / "results.jsonl")} - have)
+
+
 def restore_finished(cfg: ExperimentConfig, src: Path, out: Path) -> int:
     """Rebuild under ``out`` the finished cells whose raw results ``src`` holds (a folder
     written by ``--collect-to`` or by a finished run, e.g. committed under

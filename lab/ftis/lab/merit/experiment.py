@@ -300,6 +300,17 @@ def splits_from_rows(rows: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]
     return out
 
 
+def unmerged_branches(rows: Sequence[dict[str, Any]]) -> set[str]:
+    """The branch cells among ``rows`` whose split has no merge row for their seed (pure):
+    a run stopped between a branch and its merge. Their models do not travel with the
+    rows, so :func:`restore_cells` leaves them to train again and
+    :func:`collect_results` may drop their rows."""
+    cells = {(r["cell"], r.get("arm"), r.get("model"), r.get("seed")) for r in rows}
+    merged = {(arm, seed) for _, arm, model, seed in cells if model == "merged"}
+    return {name for name, arm, model, seed in cells
+            if arm in SPLITS and model != "merged" and (arm, seed) not in merged}
+
+
 def planned_completions(cells: Sequence[MeritCell], group_size: int
                         ) -> dict[tuple[int, str], int]:
     """Completions each arm trains on, per ``(seed, arm)``: the sum over its training
@@ -494,14 +505,28 @@ def collect_results(out: Path, dst: Path) -> int:
     atomically after every cell). Returns the number of rows copied.
 
     Raises:
-        ValueError: ``out`` has no ``config.json`` or ``results.jsonl`` yet.
+        ValueError: ``out`` has no ``config.json`` or ``results.jsonl`` yet, or ``dst``
+            holds rows of cells that ``out`` has not finished (collecting would lose
+            them: restore them first with :func:`restore_cells`), other than branches
+            without their merge (:func:`unmerged_branches`, trained again anyway).
     """
+    from ftis.lab.experiment.matrix import cells_dropped
+
     for name in ("config.json", "results.jsonl"):
         if not (out / name).exists():
             raise ValueError(f"{out} has no {name}: no cell has finished there yet")
+    text = (out / "results.jsonl").read_text()
+    lost = cells_dropped(dst, [json.loads(x) for x in text.splitlines() if x.strip()])
+    if dst.joinpath("results.jsonl").exists():  # unmerged branches train again anyway
+        old = [json.loads(x) for x in (dst / "results.jsonl").read_text().splitlines()
+               if x.strip()]
+        lost = sorted(set(lost) - unmerged_branches(old))
+    if lost:
+        raise ValueError(f"{dst} holds rows of {len(lost)} cells not finished under {out} "
+                         f"(e.g. {lost[0]}); restore them first (--restore-from) or "
+                         "collect to another folder")
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "config.json", dst / "config.json")
-    text = (out / "results.jsonl").read_text()
     (dst / "results.jsonl").write_text(text)
     for plan_path in sorted((out / "plans").glob("s*.json")):
         (dst / "plans").mkdir(exist_ok=True)
@@ -547,14 +572,12 @@ def restore_cells(cfg: MeritExperimentConfig, src: Path, out: Path) -> int:
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_text(json.dumps({**plan, "restored_from": f"train rows of {src}"},
                                       indent=1))
+    unmerged = unmerged_branches([r for rows in by_cell.values() for r in rows])
     restored = 0
     for name, rows in by_cell.items():
         cdir = out / "cells" / name
-        first = rows[0]
-        orphan = (first["arm"] in SPLITS and first["model"] != "merged"
-                  and f"{first['arm']}__merged__s{first['seed']}" not in by_cell)
-        if orphan or (cdir / "DONE").exists():  # a branch needs its model until merged
-            continue
+        if name in unmerged or (cdir / "DONE").exists():  # a branch needs its model
+            continue                                       # until it is merged
         shutil.rmtree(cdir, ignore_errors=True)
         cdir.mkdir(parents=True)
         (cdir / "RESTORED").write_text(f"{src}\n")
