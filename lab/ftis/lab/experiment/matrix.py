@@ -649,7 +649,8 @@ def same_config(current: dict, src: Path) -> None:
         raise ValueError(f"{src} was run with another config ({', '.join(keys)} differ)")
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file (blank lines skipped); ``[]`` if it is absent."""
     if not path.exists():
         return []
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
@@ -664,7 +665,7 @@ def cells_dropped(dst: Path, rows: list[dict]) -> list[str]:
     writing ``rows`` over ``dst`` would lose (e.g. collecting a run that was not
     restored from the committed results first)."""
     have = {r["cell"] for r in rows}
-    return sorted({r["cell"] for r in _read_jsonl(dst / "results.jsonl")} - have)
+    return sorted({r["cell"] for r in read_jsonl(dst / "results.jsonl")} - have)
 
 
 def restore_finished(cfg: ExperimentConfig, src: Path, out: Path) -> int:
@@ -685,10 +686,10 @@ def restore_finished(cfg: ExperimentConfig, src: Path, out: Path) -> int:
     """
     same_config(cfg.model_dump(mode="json"), src)
     rows: dict[str, list[dict]] = defaultdict(list)
-    for r in _read_jsonl(src / "results.jsonl"):
+    for r in read_jsonl(src / "results.jsonl"):
         rows[r["cell"]].append(r)
     evals: dict[str, list[dict]] = defaultdict(list)
-    for e in _read_jsonl(src / "evals.jsonl"):
+    for e in read_jsonl(src / "evals.jsonl"):
         evals[e["cell"]].append(e)
     restored = 0
     for cell in cells(cfg):

@@ -510,17 +510,16 @@ def collect_results(out: Path, dst: Path) -> int:
             them: restore them first with :func:`restore_cells`), other than branches
             without their merge (:func:`unmerged_branches`, trained again anyway).
     """
-    from ftis.lab.experiment.matrix import cells_dropped
+    from ftis.lab.experiment.matrix import read_jsonl
 
     for name in ("config.json", "results.jsonl"):
         if not (out / name).exists():
             raise ValueError(f"{out} has no {name}: no cell has finished there yet")
     text = (out / "results.jsonl").read_text()
-    lost = cells_dropped(dst, [json.loads(x) for x in text.splitlines() if x.strip()])
-    if dst.joinpath("results.jsonl").exists():  # unmerged branches train again anyway
-        old = [json.loads(x) for x in (dst / "results.jsonl").read_text().splitlines()
-               if x.strip()]
-        lost = sorted(set(lost) - unmerged_branches(old))
+    rows = read_jsonl(out / "results.jsonl")
+    old = read_jsonl(dst / "results.jsonl")  # unmerged branches train again anyway
+    lost = sorted({r["cell"] for r in old} - {r["cell"] for r in rows}
+                  - unmerged_branches(old))
     if lost:
         raise ValueError(f"{dst} holds rows of {len(lost)} cells not finished under {out} "
                          f"(e.g. {lost[0]}); restore them first (--restore-from) or "
@@ -528,10 +527,18 @@ def collect_results(out: Path, dst: Path) -> int:
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "config.json", dst / "config.json")
     (dst / "results.jsonl").write_text(text)
-    for plan_path in sorted((out / "plans").glob("s*.json")):
-        (dst / "plans").mkdir(exist_ok=True)
-        shutil.copyfile(plan_path, dst / "plans" / plan_path.name)
-    return sum(1 for x in text.splitlines() if x.strip())
+    _copy_plans(out, dst, overwrite=True)
+    return len(rows)
+
+
+def _copy_plans(src: Path, dst: Path, overwrite: bool) -> None:
+    """Copy ``src/plans/s*.json`` to ``dst/plans/`` (a plan already there is kept unless
+    ``overwrite``)."""
+    for plan_path in sorted((src / "plans").glob("s*.json")):
+        target = dst / "plans" / plan_path.name
+        if overwrite or not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(plan_path, target)
 
 
 def restore_cells(cfg: MeritExperimentConfig, src: Path, out: Path) -> int:
@@ -552,27 +559,21 @@ def restore_cells(cfg: MeritExperimentConfig, src: Path, out: Path) -> int:
     """
     from collections import defaultdict
 
-    from ftis.lab.experiment.matrix import same_config
+    from ftis.lab.experiment.matrix import read_jsonl, same_config
 
     same_config(cfg.model_dump(mode="json"), src)
+    all_rows = read_jsonl(src / "results.jsonl")
     by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    path = src / "results.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        if line.strip():
-            row = json.loads(line)
-            by_cell[row["cell"]].append(row)
-    for plan_path in sorted((src / "plans").glob("s*.json")):
-        dst = out / "plans" / plan_path.name
-        if not dst.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(plan_path, dst)
-    for seed, plan in splits_from_rows([r for rows in by_cell.values() for r in rows]).items():
+    for row in all_rows:
+        by_cell[row["cell"]].append(row)
+    _copy_plans(src, out, overwrite=False)
+    for seed, plan in splits_from_rows(all_rows).items():
         dst = out / "plans" / f"s{seed}.json"
         if not dst.exists():  # a finished seed needs only its splits, not a new plan
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_text(json.dumps({**plan, "restored_from": f"train rows of {src}"},
                                       indent=1))
-    unmerged = unmerged_branches([r for rows in by_cell.values() for r in rows])
+    unmerged = unmerged_branches(all_rows)
     restored = 0
     for name, rows in by_cell.items():
         cdir = out / "cells" / name
