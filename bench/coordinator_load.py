@@ -21,8 +21,10 @@ seconds, for ``--seconds``: verified bundles/s (SubmitBundle replies without err
 verified rewards equal the claims), relayed bundles/s, p50/p99 latency per RPC, every
 error by RPC and code (in-band codes, ``grpc:STATUS`` for transport failures), the
 coordinator's CPU % (its process tree's CPU seconds over the window; 100 % = one core) and
-peak RSS (tree, MB), this generator's own CPU % and the machine's 1-minute load average
-at the end of the run (``load``: other processes share the CPUs).
+peak RSS (tree, MB), the coordinator's context switches per verified bundle (``ctx
+sw/loop``: every thread of its process tree, from ``/proc/PID/task/*/status``; Linux
+only), this generator's own CPU % and the machine's 1-minute load average at the end of
+the run (``load``: other processes share the CPUs).
 
 ``--soak-s S``: one configuration at N = 32 for S seconds, RSS every 30 s and the RSS
 slope (MB/min) at the end.
@@ -84,7 +86,8 @@ SOAK_REPORT_S = 30.0
 
 HEADER = (f"{'N':>5} {'bundles/s':>10} {'relayed/s':>10} {'lease p50/p99 ms':>17} "
           f"{'submit p50/p99 ms':>18} {'pull p50/p99 ms':>16} {'coord CPU %':>12} "
-          f"{'coord RSS MB':>13} {'gen CPU %':>10} {'load':>5} {'errors':>7}")
+          f"{'coord RSS MB':>13} {'ctx sw/loop':>12} {'gen CPU %':>10} {'load':>5} "
+          f"{'errors':>7}")
 
 
 def _pair(r: RunResult, rpc: str) -> str:
@@ -95,7 +98,8 @@ def row(r: RunResult) -> str:
     return (f"{r.n:>5} {r.bundles_per_s:>10.2f} {r.relayed / r.seconds:>10.2f} "
             f"{_pair(r, 'LeaseTasks'):>17} {_pair(r, 'SubmitBundle'):>18} "
             f"{_pair(r, 'PullBundles'):>16} {r.coord_cpu_pct:>12.0f} {r.coord_rss_mb:>13.0f} "
-            f"{r.gen_cpu_pct:>10.0f} {r.load1:>5.1f} {sum(r.errors.values()):>7}")
+            f"{r.coord_switches_per_loop:>12.0f} {r.gen_cpu_pct:>10.0f} {r.load1:>5.1f} "
+            f"{sum(r.errors.values()):>7}")
 
 
 def out(line: str = "") -> None:
@@ -158,6 +162,8 @@ def run_one(db: Database, material: Material, n: int, args: argparse.Namespace,
             latencies=stats.latencies, errors=stats.errors,
             coord_cpu_pct=100 * (end.cpu_s - start.cpu_s) / max(end.t - start.t, 1e-9),
             coord_rss_mb=max(s.rss_mb for s in window), gen_cpu_pct=100 * gen_cpu / wall,
+            coord_switches_per_loop=(end.ctx_switches - start.ctx_switches)
+            / max(stats.verified, 1),
             load1=os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
             notes=notes, info=info)
         if soak:

@@ -254,6 +254,9 @@ class RunResult:
     coord_cpu_pct: float
     coord_rss_mb: float
     gen_cpu_pct: float
+    #: the coordinator's context switches (all its processes and threads) per verified
+    #: bundle, i.e. per volunteer loop; NaN off Linux
+    coord_switches_per_loop: float = float("nan")
     #: the machine's 1-minute load average at the end of the run
     load1: float = float("nan")
     #: problems (a coordinator that exited); they keep the work folder

@@ -313,6 +313,28 @@ class TreeSample:
     t: float  # time.perf_counter()
     rss_mb: float
     cpu_s: float
+    #: context switches (voluntary + involuntary), summed over every thread of the tree
+    #: (threads that exited keep their last count); NaN off Linux
+    ctx_switches: float = float("nan")
+
+
+def thread_context_switches(pid: int) -> dict[int, int]:
+    """Context switches (voluntary + involuntary) of each live thread of ``pid``, from
+    ``/proc/PID/task/TID/status`` (Linux; ``/proc/PID/status`` and psutil's
+    ``num_ctx_switches`` count the main thread only). Empty where /proc is missing."""
+    counts: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return counts
+    for tid in tids:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue
+        counts[int(tid)] = sum(int(line.split()[1]) for line in text.splitlines()
+                               if "ctxt_switches:" in line)
+    return counts
 
 
 @dataclass
@@ -333,6 +355,7 @@ class TreeSampler:
         self._stop = threading.Event()
         self._procs: dict[int, psutil.Process] = {}
         self._cpu: dict[tuple[int, float], float] = {}  # (pid, create_time) -> CPU s
+        self._switches: dict[tuple[int, int], int] = {}  # (pid, tid) -> context switches
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
 
@@ -357,9 +380,13 @@ class TreeSampler:
                         rss += p.memory_info().rss
                         times = p.cpu_times()
                         self._cpu[(p.pid, p.create_time())] = times.user + times.system
+                    for tid, n in thread_context_switches(p.pid).items():
+                        self._switches[(p.pid, tid)] = n
                 except psutil.Error:
                     continue
-            s = TreeSample(time.perf_counter(), rss / 2**20, sum(self._cpu.values()))
+            switches = float(sum(self._switches.values())) if self._switches else float("nan")
+            s = TreeSample(time.perf_counter(), rss / 2**20, sum(self._cpu.values()),
+                           switches)
             self.samples.append(s)
             return s
 

@@ -40,10 +40,10 @@ def _channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
-@pytest.fixture(params=["aio"])
+@pytest.fixture(params=["aio-inline", "aio"])
 def server(request: pytest.FixtureRequest, tmp_path: Path):
     """A coordinator with the production budget on the ``request.param`` listener
-    (``swarm_server``; the grpc.aio one unless a test parametrizes it)."""
+    (``swarm_server``; the grpc.aio ones, handlers inline and in the pool)."""
     budget = {k: getattr(PRODUCTION, k) for k in (
         "connection_refusals_per_s", "connection_refusal_burst", "connection_delay_s",
         "heartbeats_per_minute")}
@@ -157,7 +157,7 @@ def test_a_connection_with_64_requests_in_flight_is_bounded(server) -> None:
     config = server.config
     budget = connection_budget(config)
     assert budget.max_answers_per_s == 64.0
-    assert budget.max_delayed == (None if config.swarm_server == "aio" else 256)
+    assert budget.max_delayed == (256 if config.swarm_server == "threads" else None)
     honest_channel, attack_channel = _channel(server.address), _channel(server.address)
     stub = swarm_pb2_grpc.SwarmStub(honest_channel)
     honest = NodeIdentity.generate()
@@ -190,7 +190,7 @@ def test_a_connection_with_64_requests_in_flight_is_bounded(server) -> None:
     decoded_bound = config.connection_refusal_burst + config.connection_refusals_per_s * elapsed
     # on the thread-pool server the check and the take are two steps, so requests that
     # passed the check together may all be decoded: at most one per handler thread
-    slack = 1 if config.swarm_server == "aio" else config.swarm_handler_threads
+    slack = config.swarm_handler_threads if config.swarm_server == "threads" else 1
     assert codes.count(ErrorCode.REQUEST_INVALID) <= decoded_bound + slack
     # late answers: 64 a second once all wait, plus the first wave of 44 that waited
     # 0.25 s up to 0.25 × 44/16 s on their way to the steady state
@@ -206,7 +206,7 @@ def test_a_connection_with_64_requests_in_flight_is_bounded(server) -> None:
     honest_channel.close()
 
 
-@pytest.mark.parametrize("listener", ["aio", "threads"])
+@pytest.mark.parametrize("listener", ["aio-inline", "aio", "threads"])
 def test_many_connections_of_one_host_share_the_hosts_budget(
         listener: str, tmp_path: Path) -> None:
     """An attacker that spreads its refusals over many connections (each starts with a

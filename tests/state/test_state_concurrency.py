@@ -175,3 +175,44 @@ def test_concurrent_first_open_migrates_once(postgres_server: PostgresServer) ->
             opened.close()
 
     assert _run_threads(3, open_close) == [0, 0, 0]
+
+
+def test_hot_writes_from_handlers_on_the_event_loop_run_off_the_loop(state: SqlState) -> None:
+    """Handlers inline on the event loop (``swarm_server = "aio-inline"``, one greenlet
+    each): their lease blocks and submissions commit, each gets its own result, and no
+    write transaction runs on the loop's thread (SQLite: the group commit's leader
+    thread; PostgreSQL: the writer threads), so the loop serves others meanwhile."""
+    import asyncio
+
+    from sqlalchemy import event
+    from sqlalchemy.util import greenlet_spawn
+
+    owners = [add_node(state, name).node_id for name in ("alice", "bob", "carol")]
+    writes_in: list[str] = []  # the thread of every INSERT / UPDATE / WITH statement
+
+    def _record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().split(None, 1)[0].upper() in ("INSERT", "UPDATE", "WITH"):
+            writes_in.append(threading.current_thread().name)
+
+    event.listen(state.engine, "before_cursor_execute", _record)
+    loop_thread: list[str] = []
+
+    def lease_and_submit(owner: str) -> tuple[int, int]:
+        loop_thread.append(threading.current_thread().name)
+        block = state.lease_block(owner, 2, T0, 6, make_leases(owner, 2))
+        first = block[0]
+        bundle = new_bundle(first, tag=owner)
+        done = state.commit_submission(
+            Verdict(owner, bundle.bundle_id, 0, "accepted", bundle=bundle), T0,
+            expected=state.get_node(owner))
+        assert done.bundle is not None
+        return len(block), done.node.bundles_accepted
+
+    async def main() -> list[tuple[int, int]]:
+        return list(await asyncio.gather(
+            *(greenlet_spawn(lease_and_submit, owner) for owner in owners)))
+
+    assert asyncio.run(main()) == [(2, 1)] * 3
+    assert len(set(loop_thread)) == 1
+    assert len(writes_in) >= 6 and loop_thread[0] not in writes_in, writes_in
+    assert len(rows(state, BundleRow)) == 3

@@ -133,3 +133,92 @@ def test_a_failed_commit_fails_every_unit_of_its_batch(
     assert _keys(engine) == []  # nothing acknowledged, nothing stored
     with pytest.raises(ValueError):
         GroupCommit(engine.begin, sqlalchemy_savepoint, threading.RLock(), max_batch=0)
+
+
+def test_units_from_handlers_on_the_event_loop_go_to_the_leader_thread(
+        tmp_path: Path) -> None:
+    """Inline on the event loop (``swarm_server = "aio-inline"``): ``run`` from greenlets
+    returns each unit's result once committed, the units of handlers waiting together
+    share commits, they run in the leader thread (not the loop's), a failing unit raises
+    in its own handler only, and the loop keeps running other coroutines meanwhile."""
+    import asyncio
+
+    from sqlalchemy.util import greenlet_spawn
+
+    engine = _engine(tmp_path / "db.sqlite")
+    commits = []
+
+    @contextlib.contextmanager
+    def slow_transaction() -> Iterator[Connection]:  # a commit as long as an fsync
+        with engine.begin() as conn:
+            yield conn
+            time.sleep(0.02)
+        commits.append(1)
+
+    group = GroupCommit(slow_transaction, dbapi_savepoint, threading.RLock())
+    ran_in: set[str] = set()
+
+    def insert(k: int) -> Callable[[Connection], int]:
+        def work(conn: Connection) -> int:
+            ran_in.add(threading.current_thread().name)
+            if k == 13:
+                raise KeyError("unlucky")
+            conn.execute(text("INSERT INTO t (k) VALUES (:k)"), {"k": k})
+            return k * 10
+        return work
+
+    async def main() -> tuple[list[object], int]:
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker() -> None:  # the loop is free while the handlers wait
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        async def handler(k: int) -> object:
+            try:
+                return await greenlet_spawn(group.run, insert(k))
+            except KeyError:
+                return "KeyError"
+
+        tick = asyncio.create_task(ticker())
+        outcomes = await asyncio.gather(*(handler(k) for k in range(20)))
+        stop.set()
+        await tick
+        return list(outcomes), ticks
+
+    outcomes, ticks = asyncio.run(main())
+    assert outcomes == [("KeyError" if k == 13 else k * 10) for k in range(20)]
+    assert _keys(engine) == [k for k in range(20) if k != 13]
+    assert ran_in == {"ftis-group-commit"}
+    assert group.units == 20 and group.batches == len(commits) < 20
+    assert ticks >= 10  # at least 20 ms of commits: the loop ran the ticker meanwhile
+
+
+def test_a_failed_commit_reaches_every_waiting_handler(tmp_path: Path) -> None:
+    import asyncio
+
+    from sqlalchemy.util import greenlet_spawn
+
+    engine = _engine(tmp_path / "db.sqlite")
+
+    @contextlib.contextmanager
+    def failing_commit() -> Iterator[Connection]:
+        with engine.begin() as conn:
+            yield conn
+            raise OSError("disk full")
+
+    group = GroupCommit(failing_commit, dbapi_savepoint, threading.RLock())
+
+    async def main() -> list[object]:
+        async def handler(k: int) -> object:
+            try:
+                return await greenlet_spawn(group.run, _insert(k))
+            except OSError as exc:
+                return str(exc)
+        return list(await asyncio.gather(*(handler(k) for k in range(5))))
+
+    assert asyncio.run(main()) == ["disk full"] * 5
+    assert _keys(engine) == []

@@ -461,13 +461,15 @@ def test_unattributable_refusals_write_at_most_their_budget_of_verdict_rows() ->
 
 
 def test_the_listener_is_chosen_in_config() -> None:
-    assert CoordinatorConfig(db="sqlite://").swarm_server == "threads"  # the default
+    assert CoordinatorConfig(db="sqlite://").swarm_server == "aio-inline"  # the default
     threads = CoordinatorConfig(db="sqlite://", swarm_server="threads",
                                 swarm_handler_threads=8, swarm_delay_threads=40)
     assert connection_budget(threads).max_delayed == 40  # the delay threads, not half
-    assert connection_budget(CoordinatorConfig(db="sqlite://")).max_delayed == 256
-    aio = CoordinatorConfig(db="sqlite://", swarm_server="aio")
-    assert connection_budget(aio).max_delayed is None
+    assert connection_budget(CoordinatorConfig(db="sqlite://", swarm_server="threads")
+                             ).max_delayed == 256
+    for listener in ("aio", "aio-inline"):  # waiting requests are coroutines: no cap
+        aio = CoordinatorConfig(db="sqlite://", swarm_server=listener)
+        assert connection_budget(aio).max_delayed is None
     with pytest.raises(ValueError):
         CoordinatorConfig(db="sqlite://", swarm_server="processes")
 

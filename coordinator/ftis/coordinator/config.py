@@ -120,14 +120,20 @@ class CoordinatorConfig(BaseSettings):
             not refill it; volunteers behind one NAT address share it, hence 5x the
             connection's. ``host_refusal_exempt``: networks without a host budget
             (default loopback: the machine's own processes).
-        swarm_server: ``"threads"`` (default): the volunteer service runs on a
-            thread-pool ``grpc.server``, at most ``swarm_delay_threads`` requests waiting
-            in refusal delays at once; ``"aio"``: on a ``grpc.aio`` server in an event-loop
-            thread, handlers in a thread pool, any number of requests over budget
-            waiting as coroutines (a bound for one connection with many requests in
-            flight, at about 10-15 % of ``make bench-coordinator``'s throughput;
-            docs/coordinator.md, "The volunteer listener").
-        swarm_handler_threads: threads the volunteer handlers run in (``"aio"``: the pool
+        swarm_server: ``"aio-inline"`` (default): the volunteer service runs on a
+            ``grpc.aio`` server in an event-loop thread; the handlers of Heartbeat,
+            LeaseTasks, SubmitBundle and PullBundles run on the loop itself, each in a
+            greenlet that yields to the loop while it waits for the group commit or a
+            worker process (no thread hand-offs; :mod:`ftis.coordinator.waiting`), the
+            other methods in a pool of ``swarm_handler_threads``; any number of requests
+            over budget wait as coroutines. ``"aio"``: the same server with every handler
+            in the pool. ``"threads"``: a thread-pool ``grpc.server``, at most
+            ``swarm_delay_threads`` requests waiting in refusal delays at once. Measured
+            on ``make bench-coordinator`` (N = 32, SQLite): ``"aio-inline"`` 1.39x the
+            throughput of ``"threads"`` with one worker and 1.13x with two, ``"aio"``
+            0.86x (docs/coordinator.md, "The volunteer listener").
+        swarm_handler_threads: threads the volunteer handlers run in (``"aio-inline"``:
+            the pool of the methods not run on the loop; ``"aio"``: the pool
             the event loop hands decoded requests to; ``"threads"``: at most this many of
             the server's worker threads decode and handle requests at once).
         swarm_delay_threads: ``"threads"`` only: extra worker threads that hold the late
@@ -194,7 +200,7 @@ class CoordinatorConfig(BaseSettings):
     host_refusals_per_s: float = Field(default=50, gt=0)
     host_refusal_burst: float = Field(default=100, gt=0)
     host_refusal_exempt: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
-    swarm_server: Literal["aio", "threads"] = "threads"
+    swarm_server: Literal["aio", "aio-inline", "threads"] = "aio-inline"
     swarm_handler_threads: int = Field(default=32, ge=2, le=256)
     swarm_delay_threads: int = Field(default=256, ge=1, le=4096)
     rescoring_workers: int = Field(default=1, ge=0, le=64)

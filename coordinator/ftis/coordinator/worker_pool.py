@@ -16,6 +16,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from ftis.coordinator.waiting import wait_future
+
 log = logging.getLogger(__name__)
 
 
@@ -59,7 +61,9 @@ class WorkerPool:
         return self._executor().submit(fn, *args)
 
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
-        """``fn(*args)`` in a worker, waiting at most ``timeout`` seconds.
+        """``fn(*args)`` in a worker, waiting at most ``timeout`` seconds
+        (:func:`~ftis.coordinator.waiting.wait_future`: a handler inline on the event loop
+        lets the loop serve other requests meanwhile).
 
         Raises:
             concurrent.futures.TimeoutError: no answer within ``timeout``.
@@ -69,7 +73,7 @@ class WorkerPool:
         for attempt in (1, 2):
             pool = self._executor()
             try:
-                return pool.submit(fn, *args).result(timeout=timeout)
+                return wait_future(pool.submit(fn, *args), timeout)
             except BrokenProcessPool:
                 log.warning("worker pool broken; replacing it (attempt %d)", attempt)
                 self._replace(pool)

@@ -33,7 +33,11 @@ from ftis.coordinator.observe.http import HttpBindError, StatusHttpServer
 from ftis.coordinator.quotas import ConnectionBudget
 from ftis.coordinator.server.admin_service import AdminService
 from ftis.coordinator.server.event_loop import AioServerThread
-from ftis.coordinator.server.swarm_service import SwarmService, add_swarm_service
+from ftis.coordinator.server.swarm_service import (
+    INLINE_METHODS,
+    SwarmService,
+    add_swarm_service,
+)
 from ftis.coordinator.state.base import State
 from ftis.coordinator.state.sql import SqlState
 from ftis.protocol.bundles import MAX_GRPC_MESSAGE_BYTES
@@ -66,7 +70,7 @@ def swarm_grpc_options(config: CoordinatorConfig) -> list[tuple[str, int]]:
 def connection_budget(config: CoordinatorConfig) -> ConnectionBudget:
     """The per-connection refusal budget of ``config``.
 
-    With the event-loop server (``swarm_server = "aio"``) a waiting request
+    With the event-loop server (``swarm_server = "aio"`` or ``"aio-inline"``) a waiting request
     is a sleeping coroutine and any number may wait, each connection's delay growing with
     its requests already waiting (at most ``16 / connection_delay_s`` answers a second
     per connection). With the thread-pool server (the default) a waiting request holds a
@@ -87,8 +91,8 @@ def connection_budget(config: CoordinatorConfig) -> ConnectionBudget:
         host_burst=config.host_refusal_burst,
         host_exempt=tuple(config.host_refusal_exempt),
         max_handling=config.connection_max_handling,
-        max_delayed=(None if config.swarm_server == "aio"
-                     else config.swarm_delay_threads))
+        max_delayed=(config.swarm_delay_threads if config.swarm_server == "threads"
+                     else None))
 
 
 class BindError(RuntimeError):
@@ -241,7 +245,9 @@ class CoordinatorServer:
     def _swarm_server(self) -> grpc.Server | AioServerThread:
         """The volunteer listener, not yet bound: a ``grpc.aio`` server on its own
         event-loop thread whose handlers run in a pool of ``swarm_handler_threads``
-        (``swarm_server = "aio"``), or a thread-pool ``grpc.server`` (``"threads"``)."""
+        (``swarm_server = "aio"``), or on the loop itself for the hot methods
+        (``"aio-inline"``, :data:`INLINE_METHODS`), or a thread-pool ``grpc.server``
+        (``"threads"``)."""
         servicer = SwarmService(self.ctx)
         limits = self.config.method_request_limits
         budget = connection_budget(self.config)
@@ -258,9 +264,10 @@ class CoordinatorServer:
         handlers = ThreadPoolExecutor(self.config.swarm_handler_threads,
                                       thread_name_prefix="ftis-swarm")
         self._handlers = handlers
+        inline = INLINE_METHODS if self.config.swarm_server == "aio-inline" else frozenset()
         return AioServerThread(
             options, lambda server: add_swarm_service(servicer, server, limits, budget,
-                                                      handlers),
+                                                      handlers, inline=inline),
             name="ftis-swarm-loop")
 
     def _options(self, options: list[tuple[str, int]]) -> list[tuple[str, int]]:

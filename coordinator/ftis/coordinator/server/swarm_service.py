@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
+from sqlalchemy.util import greenlet_spawn
 
 from ftis.coordinator.handlers import bundles, feedback, leases, nodes, relay
 from ftis.coordinator.handlers.context import Context
@@ -190,6 +191,13 @@ class SwarmService(swarm_pb2_grpc.SwarmServicer):
         return swarm_pb2.UploadTokenizerResponse()
 
 
+#: Methods that the ``"aio-inline"`` listener runs on its event loop: they only read and
+#: write through the group commit and the worker pools, which yield to the loop while
+#: they wait (:mod:`ftis.coordinator.waiting`). The others (registration, tokenizer
+#: uploads, metrics reports with their feedback evidence) write in transactions of their
+#: own, which would hold the loop for their lock and fsync; they run in the handler pool.
+INLINE_METHODS = frozenset({"Heartbeat", "LeaseTasks", "SubmitBundle", "PullBundles"})
+
 _METHODS: dict[str, tuple[type, type]] = {
     "Register": (swarm_pb2.RegisterRequest, swarm_pb2.RegisterResponse),
     "Heartbeat": (swarm_pb2.HeartbeatRequest, swarm_pb2.HeartbeatResponse),
@@ -313,13 +321,16 @@ class Caller:
 
 def _refusing_async(behavior: Callable[[Any, Any], Any], request_cls: type[Message],
                     response_cls: type, method: str, limit: int, budget: ConnectionBudget,
-                    executor: Executor) -> Callable[[bytes, Any], Awaitable[Any]]:
+                    executor: Executor | None) -> Callable[[bytes, Any], Awaitable[Any]]:
     """The coroutine the ``grpc.aio`` server calls with the request's raw bytes: the
     checks of :func:`_refusing`, in the event loop and before any thread hop, except
     that a connection over budget waits in ``asyncio.sleep`` (no thread held, no cap on
     how many wait) for :meth:`ConnectionBudget.start_delay`, which grows with that
-    connection's requests already waiting. Only a decoded request goes to ``executor``,
-    where ``behavior`` (synchronous, database I/O) runs with a :class:`Caller`."""
+    connection's requests already waiting. Only a decoded request reaches ``behavior``
+    (synchronous, database I/O), with a :class:`Caller`: in ``executor``, or with
+    ``executor=None`` on the loop itself in a greenlet (SQLAlchemy's ``greenlet_spawn``),
+    which yields to the loop while it waits for the group commit or a worker process
+    (:mod:`ftis.coordinator.waiting`)."""
 
     async def handle(data: bytes, context: Any) -> Any:
         started = time.perf_counter()
@@ -337,7 +348,9 @@ def _refusing_async(behavior: Callable[[Any, Any], Any], request_cls: type[Messa
                              started, budget)
         try:
             request, response = _decode(data, request_cls, response_cls, method, limit)
-            if request is not None:
+            if request is not None and executor is None:
+                response = await greenlet_spawn(behavior, request, Caller(connection))
+            elif request is not None:
                 loop = asyncio.get_running_loop()
                 response = await loop.run_in_executor(executor, behavior, request,
                                                       Caller(connection))
@@ -366,7 +379,8 @@ def _serialize(response: Any) -> bytes:
 
 def add_swarm_service(servicer: SwarmService, server: grpc.Server | grpc.aio.Server,
                       limits: dict[str, int], budget: ConnectionBudget,
-                      executor: Executor | None = None, handler_threads: int = 32) -> None:
+                      executor: Executor | None = None, handler_threads: int = 32,
+                      inline: frozenset[str] = frozenset()) -> None:
     """Register ``servicer`` on ``server``: each method gets the request's raw bytes,
     which are checked against the connection's refusal ``budget`` and the method's size
     limit (``limits``, bytes) before decoding. Same wire contract as the generated
@@ -374,21 +388,24 @@ def add_swarm_service(servicer: SwarmService, server: grpc.Server | grpc.aio.Ser
 
     Args:
         executor: for a ``grpc.aio`` server, the bounded pool the (synchronous) handlers
-            run in (:func:`_refusing_async`); ``None`` for a thread-pool ``grpc.server``,
+            run in (:func:`_refusing_async`); unused by a thread-pool ``grpc.server``,
             whose handlers run in its worker threads (:func:`_refusing`).
+        inline: ``grpc.aio`` server only: methods whose handlers run on its event loop
+            instead (:data:`INLINE_METHODS` for ``swarm_server = "aio-inline"``).
         handler_threads: thread-pool server only: how many of its worker threads may
             decode and handle requests at once (the others only wait out refusal delays).
     """
     handling = threading.BoundedSemaphore(handler_threads)
+    on_loop = isinstance(server, grpc.aio.Server)
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method, (request_cls, response_cls) in _METHODS.items():
         behavior = getattr(servicer, method)
         handle: Callable[[bytes, Any], Any] = (
-            _refusing(behavior, request_cls, response_cls, method, limits[method], budget,
-                      handling)
-            if executor is None else
             _refusing_async(behavior, request_cls, response_cls, method, limits[method],
-                            budget, executor))
+                            budget, None if method in inline else executor)
+            if on_loop else
+            _refusing(behavior, request_cls, response_cls, method, limits[method], budget,
+                      handling))
         handlers[method] = grpc.unary_unary_rpc_method_handler(
             handle, request_deserializer=None, response_serializer=_serialize)
     server.add_generic_rpc_handlers(

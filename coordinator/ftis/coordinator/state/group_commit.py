@@ -11,8 +11,12 @@ error, a coded rejection) rolls back that unit alone. If the COMMIT itself fails
 unit of the batch gets that error (nothing of it was stored).
 
 This is the classic leader/follower group commit (as in PostgreSQL's ``commit_delay``
-and InnoDB's binlog group commit), without a dedicated thread and without any added
-wait: a batch holds exactly the units that queued while the previous leader was busy.
+and InnoDB's binlog group commit), without any added wait: a batch holds exactly the
+units that queued while the previous leader was busy. A caller in a thread of its own
+leads itself. A handler inline on the event loop (:mod:`ftis.coordinator.waiting`) must
+not block the loop for the lock and the fsync: its unit goes to a leader thread that
+this object starts on first need (:meth:`GroupCommit.submit`), and the handler waits
+for the unit's future.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from ftis.coordinator import waiting
 
 T = TypeVar("T")
 
@@ -37,6 +44,8 @@ class _Unit(Generic[T]):
     done: bool = False
     result: Any = None
     error: BaseException | None = None
+    #: set once the unit is done, for a caller that does not lead (:meth:`submit`)
+    future: Future[T] | None = None
 
 
 class GroupCommit:
@@ -69,15 +78,23 @@ class GroupCommit:
         #: batches committed and units run (for benchmarks and tests)
         self.batches = 0
         self.units = 0
+        self._leader: threading.Thread | None = None
+        self._pending = threading.Event()
 
     def run(self, work: Callable[[Any], T]) -> T:
         """Run ``work(connection)`` inside a savepoint of a shared write transaction and
         return its result once that transaction has committed.
 
+        Inline on the event loop (:func:`ftis.coordinator.waiting.inline`) the unit goes
+        to the leader thread (:meth:`submit`) and the loop serves other requests while it
+        waits.
+
         Raises:
             whatever ``work`` raised (its savepoint rolled back, other units unaffected),
             or the COMMIT's exception (nothing of the batch stored).
         """
+        if waiting.inline():
+            return waiting.wait_future(self.submit(work))
         unit: _Unit[T] = _Unit(work)
         with self._queue_lock:
             self._queue.append(unit)
@@ -90,6 +107,30 @@ class GroupCommit:
         if unit.error is not None:
             raise unit.error
         return unit.result
+
+    def submit(self, work: Callable[[Any], T]) -> Future[T]:
+        """Queue ``work`` for the leader thread; the future gets its result (or its
+        exception, or the COMMIT's) once its transaction has committed."""
+        future: Future[T] = Future()
+        unit: _Unit[T] = _Unit(work, future=future)
+        with self._queue_lock:
+            self._queue.append(unit)
+            if self._leader is None:
+                self._leader = threading.Thread(target=self._leader_loop, daemon=True,
+                                                name="ftis-group-commit")
+                self._leader.start()
+        self._pending.set()
+        return future
+
+    def _leader_loop(self) -> None:
+        """The leader thread: lead whenever units are queued (a daemon; it holds nothing
+        between batches)."""
+        while True:
+            self._pending.wait()
+            self._pending.clear()
+            while self._queue:
+                with self._lock:
+                    self._lead()
 
     def _lead(self) -> None:
         """As leader (lock held): run up to ``max_batch`` queued units and commit once."""
@@ -117,6 +158,11 @@ class GroupCommit:
             self.units += len(batch)
             for unit in batch:
                 unit.done = True
+                if unit.future is not None:
+                    if unit.error is not None:
+                        unit.future.set_exception(unit.error)
+                    else:
+                        unit.future.set_result(unit.result)
 
 
 @contextlib.contextmanager

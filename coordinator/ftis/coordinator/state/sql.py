@@ -37,6 +37,7 @@ import math
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from alembic.util import CommandError
@@ -70,7 +71,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from ftis.coordinator import reputation
+from ftis.coordinator import reputation, waiting
 from ftis.coordinator.reputation import Evidence, Standing
 from ftis.coordinator.state.base import (
     AuditRelay,
@@ -693,6 +694,10 @@ class SqlState(State):
         self._group: GroupCommit | None = (
             GroupCommit(self._write_engine.begin, dbapi_savepoint, self._sqlite_lock)
             if self._sqlite_lock is not None else None)
+        #: PostgreSQL: threads that run the hot writes of handlers inline on the event
+        #: loop (:meth:`_off_loop`), started on first need
+        self._writers: ThreadPoolExecutor | None = None
+        self._writers_lock = threading.Lock()
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[Session]:
@@ -717,8 +722,26 @@ class SqlState(State):
         savepoint of a shared group commit on SQLite, its own transaction otherwise."""
         if self._group is not None:
             return self._group.run(work)
-        with self._write_conn() as conn:
-            return work(conn)
+
+        def own_transaction() -> T:
+            with self._write_conn() as conn:
+                return work(conn)
+
+        return self._off_loop(own_transaction)
+
+    def _off_loop(self, call: Callable[[], T]) -> T:
+        """``call()``; from a handler inline on the event loop, in a writer thread while
+        the loop serves other requests (:mod:`ftis.coordinator.waiting`), so that a
+        PostgreSQL transaction's round trips and its commit's fsync do not hold the loop.
+        SQLite's writes need not come here: its group commit has a leader thread."""
+        if not waiting.inline():
+            return call()
+        with self._writers_lock:
+            if self._writers is None:
+                self._writers = ThreadPoolExecutor(POOL_SIZE,
+                                                   thread_name_prefix="ftis-db-write")
+            writers = self._writers
+        return waiting.wait_future(writers.submit(call))
 
     @contextlib.contextmanager
     def _snapshot_conn(self) -> Iterator[Connection]:
@@ -999,37 +1022,8 @@ class SqlState(State):
                    "bundle_id": _clean(e.bundle_id)} for e in verdict.evidence]
         reason = _clean(verdict.reason)
         if self.is_postgres:
-            with self._autocommit.connect() as conn:
-                m = conn.execute(_Hot.pg_accept, {
-                    "node_id": bundle.node_id, "lease_id": bundle.lease_id,
-                    "old_accepted": expected.bundles_accepted,
-                    "old_good": float(old.good), "old_bad": float(old.bad),
-                    "old_updated": int(old.updated_at_ms),
-                    "old_quarantined": bool(old.quarantined),
-                    "bundle_id": bundle.bundle_id, "mismatches": bundle.reward_mismatches,
-                    "completions": bundle.completions, "tokens": bundle.completion_tokens,
-                    "now": now_ms, "policy": bundle.policy_version,
-                    "good": float(standing.good), "bad": float(standing.bad),
-                    "updated": int(standing.updated_at_ms),
-                    "quarantined": bool(standing.quarantined),
-                    "task_id": bundle.task_id, "fingerprint": bundle.fingerprint,
-                    "envelope": bundle.envelope,
-                    "rewards": json.dumps([float(r) for r in bundle.verified_rewards]),
-                    "mean_reward": bundle.mean_reward, "zero_variance": bundle.zero_variance,
-                    "size_bytes": bundle.size_bytes, "text_verified": bundle.text_verified,
-                    "reason": reason, "events": json.dumps(events),
-                }).first()
-            if m is None:
-                return None
-            rep_values = {"rep_good": float(standing.good), "rep_bad": float(standing.bad),
-                          "rep_updated_ms": int(standing.updated_at_ms),
-                          "rep_quarantined": bool(standing.quarantined),
-                          "rep_node_id": bundle.node_id}
-            row = types.SimpleNamespace(**dict(m._mapping), **rep_values)
-            stored = self._bundle_record(types.SimpleNamespace(
-                **self._bundle_values(bundle, now_ms, bool(old.quarantined)),
-                sequence=int(m.sequence)), m.dataset)
-            return CommittedVerdict(bundle=stored, node=self._node_from_row(row))
+            return self._off_loop(lambda: self._pg_accept(
+                bundle, now_ms, expected, old, standing, events, reason))
 
         def work(conn: Connection) -> CommittedVerdict:
             node = conn.execute(_Hot.bump_node, {
@@ -1063,6 +1057,43 @@ class SqlState(State):
             return CommittedVerdict(bundle=stored, node=self._node_from_row(row))
 
         return self._hot_write(work)
+
+    def _pg_accept(self, bundle: NewBundle, now_ms: int, expected: NodeRecord,
+                   old: Standing, standing: Standing, events: list[dict[str, Any]],
+                   reason: str | None) -> CommittedVerdict | None:
+        """:meth:`_commit_expected` on PostgreSQL: one statement (``_Hot.pg_accept``) in
+        autocommit; ``None`` when the rows changed since the snapshot."""
+        with self._autocommit.connect() as conn:
+            m = conn.execute(_Hot.pg_accept, {
+                "node_id": bundle.node_id, "lease_id": bundle.lease_id,
+                "old_accepted": expected.bundles_accepted,
+                "old_good": float(old.good), "old_bad": float(old.bad),
+                "old_updated": int(old.updated_at_ms),
+                "old_quarantined": bool(old.quarantined),
+                "bundle_id": bundle.bundle_id, "mismatches": bundle.reward_mismatches,
+                "completions": bundle.completions, "tokens": bundle.completion_tokens,
+                "now": now_ms, "policy": bundle.policy_version,
+                "good": float(standing.good), "bad": float(standing.bad),
+                "updated": int(standing.updated_at_ms),
+                "quarantined": bool(standing.quarantined),
+                "task_id": bundle.task_id, "fingerprint": bundle.fingerprint,
+                "envelope": bundle.envelope,
+                "rewards": json.dumps([float(r) for r in bundle.verified_rewards]),
+                "mean_reward": bundle.mean_reward, "zero_variance": bundle.zero_variance,
+                "size_bytes": bundle.size_bytes, "text_verified": bundle.text_verified,
+                "reason": reason, "events": json.dumps(events),
+            }).first()
+        if m is None:
+            return None
+        rep_values = {"rep_good": float(standing.good), "rep_bad": float(standing.bad),
+                      "rep_updated_ms": int(standing.updated_at_ms),
+                      "rep_quarantined": bool(standing.quarantined),
+                      "rep_node_id": bundle.node_id}
+        row = types.SimpleNamespace(**dict(m._mapping), **rep_values)
+        stored = self._bundle_record(types.SimpleNamespace(
+            **self._bundle_values(bundle, now_ms, bool(old.quarantined)),
+            sequence=int(m.sequence)), m.dataset)
+        return CommittedVerdict(bundle=stored, node=self._node_from_row(row))
 
     def _commit_locked(
         self, verdict: Verdict, now_ms: int, update: StandingUpdate | None
@@ -1818,11 +1849,15 @@ class SqlState(State):
     def set_audit_status(self, node_id: str, status: int) -> bool:
         if not _storable(node_id):
             return False
-        with self._write() as session:
-            done = cast("CursorResult[Any]", session.execute(  # an UPDATE's result
-                update(NodeRow).where(NodeRow.node_id == node_id)
+        nodes = NodeRow.__table__
+
+        def work(conn: Connection) -> bool:  # on the submit path: through the group commit
+            done = cast("CursorResult[Any]", conn.execute(  # an UPDATE's result
+                update(nodes).where(nodes.c.node_id == node_id)
                 .values(audit_status=int(status))))
             return bool(done.rowcount)
+
+        return self._hot_write(work)
 
     def audit_reports(self, sender_id: str) -> dict[str, bool]:
         if not _storable(sender_id):
@@ -2074,6 +2109,8 @@ class SqlState(State):
                 conn.execute(update(counters).where(counters.c.name == TASK_DRAWS,
                                                     counters.c.value == end)
                              .values(value=start))
+        if self._writers is not None:
+            self._writers.shutdown(wait=True)
         self.engine.dispose()
         if self._sqlite_lock is not None:
             self._sqlite_lock.close()
