@@ -61,7 +61,7 @@ def test_head_is_the_newest_revision() -> None:
     script = ScriptDirectory.from_config(migrate.alembic_config())
     assert script.get_current_head() == migrate.HEAD_REVISION
     chain = [r.revision for r in script.walk_revisions()]
-    assert chain == [migrate.HEAD_REVISION, "0005", "0004", "0003", "0002",
+    assert chain == [migrate.HEAD_REVISION, "0006", "0005", "0004", "0003", "0002",
                      migrate.INITIAL_REVISION]
     assert (migrate.MIGRATIONS_DIR / "script.py.mako").is_file()
 

@@ -32,7 +32,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 #: The revision that matches the schema of releases before migrations.
 INITIAL_REVISION = "0001"
 #: The newest revision (``tests/state/test_migrations.py`` checks it is alembic's head).
-HEAD_REVISION = "0006"
+HEAD_REVISION = "0007"
 #: ``pg_advisory_xact_lock`` key serialising migrations of one PostgreSQL database.
 _PG_LOCK_KEY = 0x46544953  # "FTIS"
 

@@ -227,8 +227,9 @@ class LeaseRow(Base):
 class BundleRow(Base):
     __tablename__ = "bundles"
     __table_args__ = (
-        # the per-minute byte quota of one node (submission_snapshot)
-        Index("ix_bundles_node_stored", "node_id", "stored_at_ms"),
+        # the per-minute byte quota of one node (submission_snapshot), read from the
+        # index alone (size_bytes lies after the envelope's overflow pages; 0007)
+        Index("ix_bundles_node_stored_size", "node_id", "stored_at_ms", "size_bytes"),
         {"sqlite_autoincrement": True},  # sequences are never reused
     )
 
