@@ -55,19 +55,26 @@ def _insert(k: int) -> Callable[[Connection], int]:
     return work
 
 
+def _slow_group(engine: Engine, savepoint: Any, commit_s: float
+                ) -> tuple[GroupCommit, list[int]]:
+    """A group commit whose every COMMIT takes ``commit_s`` (as long as an fsync), and the
+    list that gets one entry per commit."""
+    commits: list[int] = []
+
+    @contextlib.contextmanager
+    def slow_transaction() -> Iterator[Connection]:
+        with engine.begin() as conn:
+            yield conn
+            time.sleep(commit_s)
+        commits.append(1)
+
+    return GroupCommit(slow_transaction, savepoint, threading.RLock()), commits
+
+
 def test_concurrent_units_share_commits_and_each_gets_its_result(
         tmp_path: Path, savepoint: Any) -> None:
     engine = _engine(tmp_path / "db.sqlite")
-    commits = []
-
-    @contextlib.contextmanager
-    def slow_transaction() -> Iterator[Connection]:  # a commit as long as an fsync
-        with engine.begin() as conn:
-            yield conn
-            time.sleep(0.01)
-        commits.append(1)
-
-    group = GroupCommit(slow_transaction, savepoint, threading.RLock())
+    group, commits = _slow_group(engine, savepoint, 0.01)
     results: dict[int, int] = {}
 
     def run(k: int) -> None:
@@ -117,9 +124,8 @@ def _outcome(group: GroupCommit, work: Callable[[Connection], object]) -> object
         return type(exc).__name__
 
 
-def test_a_failed_commit_fails_every_unit_of_its_batch(
-        tmp_path: Path, savepoint: Any) -> None:
-    engine = _engine(tmp_path / "db.sqlite")
+def _failing_group(engine: Engine, savepoint: Any) -> GroupCommit:
+    """A group commit whose every COMMIT fails (the disk is full)."""
 
     @contextlib.contextmanager
     def failing_commit() -> Iterator[Connection]:
@@ -127,7 +133,13 @@ def test_a_failed_commit_fails_every_unit_of_its_batch(
             yield conn
             raise OSError("disk full")
 
-    group = GroupCommit(failing_commit, savepoint, threading.RLock())
+    return GroupCommit(failing_commit, savepoint, threading.RLock())
+
+
+def test_a_failed_commit_fails_every_unit_of_its_batch(
+        tmp_path: Path, savepoint: Any) -> None:
+    engine = _engine(tmp_path / "db.sqlite")
+    group = _failing_group(engine, savepoint)
     with pytest.raises(OSError, match="disk full"):
         group.run(_insert(3))
     assert _keys(engine) == []  # nothing acknowledged, nothing stored
@@ -146,16 +158,7 @@ def test_units_from_handlers_on_the_event_loop_go_to_the_leader_thread(
     from sqlalchemy.util import greenlet_spawn
 
     engine = _engine(tmp_path / "db.sqlite")
-    commits = []
-
-    @contextlib.contextmanager
-    def slow_transaction() -> Iterator[Connection]:  # a commit as long as an fsync
-        with engine.begin() as conn:
-            yield conn
-            time.sleep(0.02)
-        commits.append(1)
-
-    group = GroupCommit(slow_transaction, dbapi_savepoint, threading.RLock())
+    group, commits = _slow_group(engine, dbapi_savepoint, 0.02)
     ran_in: set[str] = set()
 
     def insert(k: int) -> Callable[[Connection], int]:
@@ -203,14 +206,7 @@ def test_a_failed_commit_reaches_every_waiting_handler(tmp_path: Path) -> None:
     from sqlalchemy.util import greenlet_spawn
 
     engine = _engine(tmp_path / "db.sqlite")
-
-    @contextlib.contextmanager
-    def failing_commit() -> Iterator[Connection]:
-        with engine.begin() as conn:
-            yield conn
-            raise OSError("disk full")
-
-    group = GroupCommit(failing_commit, dbapi_savepoint, threading.RLock())
+    group = _failing_group(engine, dbapi_savepoint)
 
     async def main() -> list[object]:
         async def handler(k: int) -> object:
