@@ -3,7 +3,7 @@ without holding up the requests that do not need it.
 
 A handler runs either in a thread of its own (the thread-pool listener, or the ``grpc.aio``
 listener's handler pool), where waiting blocks that thread, or inline on the ``grpc.aio``
-event loop inside a greenlet (``swarm_handlers = "inline"``: SQLAlchemy's
+event loop inside a greenlet (``swarm_server = "aio-inline"``: SQLAlchemy's
 ``greenlet_spawn``), where it must not block the loop. :func:`wait_future` serves both:
 in such a greenlet it suspends the handler and lets the event loop serve other requests
 until the future is done (SQLAlchemy's ``await_only``, the mechanism of its asyncio
@@ -35,7 +35,7 @@ def wait_future(future: Future[T], timeout: float | None = None) -> T:
             ``asyncio.TimeoutError`` are this class since Python 3.11).
         Exception: whatever the work behind ``future`` raised.
     """
-    if not in_greenlet():
+    if not inline():
         return future.result(timeout=timeout)
     waiting: Any = asyncio.wrap_future(future)
     if timeout is not None:

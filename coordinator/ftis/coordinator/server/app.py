@@ -70,10 +70,11 @@ def swarm_grpc_options(config: CoordinatorConfig) -> list[tuple[str, int]]:
 def connection_budget(config: CoordinatorConfig) -> ConnectionBudget:
     """The per-connection refusal budget of ``config``.
 
-    With the event-loop server (``swarm_server = "aio"`` or ``"aio-inline"``) a waiting request
-    is a sleeping coroutine and any number may wait, each connection's delay growing with
-    its requests already waiting (at most ``16 / connection_delay_s`` answers a second
-    per connection). With the thread-pool server (the default) a waiting request holds a
+    With the event-loop server (``swarm_server = "aio-inline"``, the default, or
+    ``"aio"``) a waiting request is a sleeping coroutine and any number may wait, each
+    connection's delay growing with its requests already waiting (at most ``16 /
+    connection_delay_s`` answers a second per connection). With the thread-pool server
+    (``"threads"``) a waiting request holds a
     worker thread: the server has ``swarm_delay_threads`` threads beyond its
     ``swarm_handler_threads`` for them, so at most that many wait at once and waiting
     never takes a handler's thread; beyond that, requests over budget are answered at

@@ -12,7 +12,7 @@ never re-parsed (:func:`convert.relay_page_bytes`).
 
 :func:`add_swarm_service` registers the servicer so that each method gets the raw bytes,
 checked *before* decoding (in the event loop of the ``grpc.aio`` server, before the
-handler's hop to its thread pool): a connection over its refusal budget is answered
+handler runs, on the loop or in its thread pool): a connection over its refusal budget is answered
 RATE_LIMITED after a delay (:class:`~ftis.coordinator.quotas.ConnectionBudget`), larger
 requests than the method's limit REQUEST_TOO_LARGE, and undecodable ones REQUEST_INVALID,
 all in-band

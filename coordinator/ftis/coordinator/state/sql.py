@@ -696,9 +696,10 @@ class SqlState(State):
             GroupCommit(self._write_engine.begin, dbapi_savepoint, self._sqlite_lock)
             if self._sqlite_lock is not None else None)
         #: PostgreSQL: threads that run the hot writes of handlers inline on the event
-        #: loop (:meth:`_off_loop`), started on first need
-        self._writers: ThreadPoolExecutor | None = None
-        self._writers_lock = threading.Lock()
+        #: loop (:meth:`_off_loop`; the executor starts a thread only when one is needed)
+        self._writers: ThreadPoolExecutor | None = (
+            None if self._group is not None
+            else ThreadPoolExecutor(POOL_SIZE, thread_name_prefix="ftis-db-write"))
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[Session]:
@@ -735,14 +736,9 @@ class SqlState(State):
         the loop serves other requests (:mod:`ftis.coordinator.waiting`), so that a
         PostgreSQL transaction's round trips and its commit's fsync do not hold the loop.
         SQLite's writes need not come here: its group commit has a leader thread."""
-        if not waiting.inline():
+        if self._writers is None or not waiting.inline():
             return call()
-        with self._writers_lock:
-            if self._writers is None:
-                self._writers = ThreadPoolExecutor(POOL_SIZE,
-                                                   thread_name_prefix="ftis-db-write")
-            writers = self._writers
-        return waiting.wait_future(writers.submit(call))
+        return waiting.wait_future(self._writers.submit(call))
 
     @contextlib.contextmanager
     def _snapshot_conn(self) -> Iterator[Connection]:

@@ -515,7 +515,6 @@ def collect_results(out: Path, dst: Path) -> int:
     for name in ("config.json", "results.jsonl"):
         if not (out / name).exists():
             raise ValueError(f"{out} has no {name}: no cell has finished there yet")
-    text = (out / "results.jsonl").read_text()
     rows = read_jsonl(out / "results.jsonl")
     old = read_jsonl(dst / "results.jsonl")  # unmerged branches train again anyway
     lost = sorted({r["cell"] for r in old} - {r["cell"] for r in rows}
@@ -526,7 +525,7 @@ def collect_results(out: Path, dst: Path) -> int:
                          "collect to another folder")
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(out / "config.json", dst / "config.json")
-    (dst / "results.jsonl").write_text(text)
+    shutil.copyfile(out / "results.jsonl", dst / "results.jsonl")
     _copy_plans(out, dst, overwrite=True)
     return len(rows)
 
