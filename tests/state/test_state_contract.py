@@ -234,6 +234,62 @@ def test_pull_bundles_filters_and_pages(state: SqlState) -> None:
     assert [r.bundle_id for r in page] == [a1, a3]
 
 
+def _envelope_reads(state: SqlState) -> list[str]:
+    """Records every statement of ``state`` that selects the envelope column."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    @event.listens_for(state.engine, "before_cursor_execute")
+    def _count(conn, cursor, statement, parameters, context, executemany) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "envelope" in statement:
+            seen.append(statement)
+
+    return seen
+
+
+def test_relayed_envelopes_are_read_once_per_process(state: SqlState, state_url: str,
+                                                     backend: str) -> None:
+    """With an envelope cache the page query never selects envelopes; each process reads
+    a bundle's envelope from the database on its first relay only
+    (:mod:`.envelope_cache`). Without one (SQLite's default) the page query reads them.
+    Every relay carries the stored bytes."""
+    a = add_node(state, "alice").node_id
+    reader = add_node(state, "reader").node_id
+    other = add_node(state, "other").node_id
+    ids = [_stored(state, a, n) for n in (1, 2, 3)]
+    want = [b"envelope:" + i.encode() for i in ids]
+    cached = SqlState(state_url, envelope_cache_bytes=10**6)
+    try:
+        reads = _envelope_reads(cached)
+        page, _ = cached.pull_bundles(requester_id=reader, cursor=0, limit=2, max_bytes=10**6)
+        assert [r.envelope for r in page] == want[:2] and len(reads) == 1
+        assert "IN" in reads[0] and "entry_json" not in reads[0]
+        page, _ = cached.pull_bundles(requester_id=other, cursor=0, limit=10,
+                                      max_bytes=10**6)
+        assert [r.envelope for r in page] == want and len(reads) == 2  # the third only
+        page, _ = cached.pull_bundles(requester_id=reader, cursor=0, limit=10,
+                                      max_bytes=10**6)
+        assert [r.envelope for r in page] == want and len(reads) == 2  # all from memory
+    finally:
+        cached.close()
+    # the default: a cache on PostgreSQL, none on SQLite; and one that keeps nothing
+    for opened, per_pull in ((state, 0 if backend == "postgres" else 1),
+                             (SqlState(state_url, envelope_cache_bytes=0), 1)):
+        reads = _envelope_reads(opened)
+        for _ in range(2):
+            page, _ = opened.pull_bundles(requester_id=reader, cursor=0, limit=10,
+                                          max_bytes=10**6)
+            assert [r.envelope for r in page] == want
+        assert len(reads) == (1 if per_pull == 0 else 2)
+        if per_pull:
+            assert all("entry_json" in r for r in reads)  # the page query itself
+        if opened is not state:
+            opened.close()
+    with pytest.raises(ValueError, match="< 0"):
+        SqlState(state_url, envelope_cache_bytes=-1)
+
+
 def test_bundle_stored_while_quarantined_is_never_relayed(state: SqlState) -> None:
     a = add_node(state, "alice").node_id
     reader = add_node(state, "reader").node_id

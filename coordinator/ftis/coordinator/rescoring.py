@@ -18,6 +18,13 @@ worker processes (``spawn``: no fork of a threaded gRPC server) and bounds it:
 * a broken pool (a worker killed) is replaced, and the bundle is scored once more in a
   fresh pool.
 
+Handlers inline on the event loop (``swarm_server = "aio-inline"``) reach their workers
+through :class:`~ftis.coordinator.loop_workers.LoopWorkers` (the loop writes to and
+reads from each worker's pipe, no thread in between); handlers in threads through
+:class:`~ftis.coordinator.worker_pool.WorkerPool`. Each set of processes starts on first
+use; :meth:`RescoringPool.start` starts the set the listener will use. Paired A/B in
+docs/benchmarks.md ("Re-scoring workers served from the event loop").
+
 With ``workers = 0`` the score runs inline in the calling thread (tests, tiny setups),
 still bounded by nothing but the linear-time scorer. The maths is unchanged: the same
 ``verify.rescore`` runs in either place, so pooled and inline verdicts are identical.
@@ -29,7 +36,9 @@ import logging
 import signal
 from concurrent.futures import TimeoutError as FutureTimeout
 
+from ftis.coordinator.loop_workers import LoopWorkers
 from ftis.coordinator.state.base import LeaseRecord
+from ftis.coordinator.waiting import inline
 from ftis.coordinator.worker_pool import PoolFailed, WorkerPool
 from ftis.protocol.errors import ErrorCode, FtisError
 from ftis.tasks.source import TaskEntry
@@ -81,23 +90,32 @@ class RescoringPool:
     Args:
         workers: worker processes; 0 scores inline in the calling thread.
         budget_s: seconds one bundle's re-score may take (> 0).
+        loop_served: :meth:`start` starts the workers that handlers inline on the event
+            loop use (``swarm_server = "aio-inline"``) rather than those of handlers in
+            threads. Either set still starts on first use.
 
     Raises:
         ValueError: ``workers < 0`` or ``budget_s <= 0``.
     """
 
-    def __init__(self, workers: int = 1, budget_s: float = 2.0) -> None:
+    def __init__(self, workers: int = 1, budget_s: float = 2.0, *,
+                 loop_served: bool = False) -> None:
         if workers < 0 or not budget_s > 0:
             raise ValueError("workers must be >= 0 and budget_s > 0")
         self.workers = workers
         self.budget_s = budget_s
+        self.loop_served = loop_served
         self._pool = WorkerPool(workers, initializer=_init_worker) if workers else None
+        self._loop_workers = (LoopWorkers(workers, initializer=_init_worker)
+                              if workers else None)
 
     def start(self, wait_s: float = 0.0) -> None:
         """Start the worker processes now (each imports the scorer, about a second)
         rather than on the first bundle; waits up to ``wait_s`` seconds for them to be
         ready (0: returns at once)."""
-        if self._pool is not None:
+        if self._loop_workers is not None and self.loop_served:
+            self._loop_workers.start(wait_s, warm=_warm)
+        elif self._pool is not None:
             futures = [self._pool.submit(_warm) for _ in range(self.workers)]
             if wait_s > 0:
                 from concurrent.futures import wait
@@ -116,13 +134,14 @@ class RescoringPool:
         """
         from ftis.coordinator.verify import claims, rescore
 
-        if self._pool is None:
+        if self._pool is None or self._loop_workers is None:
             return rescore(lease, bundle)
         texts = [c.text for c in bundle.completions]
+        workers = self._loop_workers if inline() else self._pool
         try:
-            result = self._pool.call(score_texts, lease.entry.to_json(), texts,
-                                     claims(bundle), self.budget_s,
-                                     timeout=self.budget_s + GRACE_S)
+            result = workers.call(score_texts, lease.entry.to_json(), texts,
+                                  claims(bundle), self.budget_s,
+                                  timeout=self.budget_s + GRACE_S)
         except FutureTimeout as err:
             raise FtisError(ErrorCode.VERIFICATION_BUSY,
                             f"re-scoring did not answer within {self.budget_s + GRACE_S:g} s "
@@ -138,3 +157,5 @@ class RescoringPool:
         """Stop the worker processes (idempotent)."""
         if self._pool is not None:
             self._pool.close()
+        if self._loop_workers is not None:
+            self._loop_workers.close()

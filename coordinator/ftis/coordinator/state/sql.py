@@ -90,6 +90,7 @@ from ftis.coordinator.state.base import (
     Verdict,
     check_branches,
 )
+from ftis.coordinator.state.envelope_cache import ENVELOPE_CACHE_BYTES, EnvelopeCache
 from ftis.coordinator.state.group_commit import GroupCommit, dbapi_savepoint
 from ftis.coordinator.state.write_lock import WriteLock
 from ftis.protocol.errors import ErrorCode, FtisError
@@ -480,14 +481,17 @@ class _Hot:
                .values(value=counters.c.value + bindparam("b_n")).returning(counters.c.value))
     insert_leases = insert(leases)
     max_sequence = select(func.max(bundles.c.sequence))
+    envelopes = select(bundles.c.sequence, bundles.c.envelope).where(
+        bundles.c.sequence.in_(bindparam("sequences", expanding=True)))
     #: filled below: the relay page statements (:meth:`_relay_page`)
-    relay_pages: ClassVar[dict[tuple[bool, bool, bool, int], Any]] = {}
+    relay_pages: ClassVar[dict[tuple[bool, bool, bool, int, bool], Any]] = {}
 
     @staticmethod
     def _relay_page(fingerprint: bool, skip_zero_variance: bool, branch: bool,
-                    audit: int = 0) -> Any:
+                    audit: int = 0, envelope: bool = True) -> Any:
         """A relay page (:meth:`SqlState.pull_bundles`) in one statement: the bundles
-        after ``cursor`` in sequence order with their lease's dataset and question and
+        after ``cursor`` in sequence order (without their envelopes unless
+        ``envelope``, see :mod:`.envelope_cache`) with their lease's dataset and question and
         the sender's standing, each row carrying the largest sequence of the same
         snapshot (the next cursor of a page that is not full). With ``branch``, only
         bundles whose lease was issued under the bound ``branch`` (MERIT, issue 16).
@@ -504,7 +508,8 @@ class _Hot:
         audit_only = (case((probation, True), else_=False) if audit == 2
                       else literal(False)).label("audit_only")
         query = (
-            select(*b.c, lz.c.dataset, lz.c.entry_json, rp.c.good, rp.c.bad,
+            select(*[c for c in b.c if envelope or c is not b.c.envelope], lz.c.dataset,
+                   lz.c.entry_json, rp.c.good, rp.c.bad,
                    rp.c.updated_ms, _Hot.max_sequence.scalar_subquery().label("max_seq"),
                    audit_only)
             .select_from(b.join(nd, nd.c.node_id == b.c.node_id)
@@ -611,10 +616,11 @@ SELECT n.*, r.bundles_rejected AS rep_rejected, l.dataset AS dataset,
 
 
 #: The relay page statements, by ``(fingerprint given, skip_zero_variance, branch given,
-#: audit mode)``.
-_Hot.relay_pages.update({(f, z, br, au): _Hot._relay_page(f, z, br, au)
+#: audit mode, envelopes selected)``.
+_Hot.relay_pages.update({(f, z, br, au, env): _Hot._relay_page(f, z, br, au, env)
                          for f in (False, True) for z in (False, True)
-                         for br in (False, True) for au in (0, 1, 2)})
+                         for br in (False, True) for au in (0, 1, 2)
+                         for env in (False, True)})
 
 
 class SqlState(State):
@@ -624,12 +630,20 @@ class SqlState(State):
         url: e.g. ``sqlite:///var/ftis.db``, ``sqlite://`` (in memory, one shared
             connection; for tests) or ``postgresql+psycopg://user@host/db``
             (``postgresql://`` means the same).
+        task_block: task numbers reserved per update of the draw counter.
+        envelope_cache_bytes: bound of the relayed envelopes kept in memory (bytes;
+            :mod:`.envelope_cache`; 0: the relay page reads them with the rest of the
+            row). Default: :data:`.ENVELOPE_CACHE_BYTES` on PostgreSQL (a page's
+            envelopes otherwise cross its socket every time), 0 on SQLite (the row's
+            pages are read from the local file anyway; docs/benchmarks.md).
 
     Raises:
+        ValueError: ``task_block < 1`` or ``envelope_cache_bytes < 0``.
         DatabaseError: if the database cannot be reached or migrated.
     """
 
-    def __init__(self, url: str, *, task_block: int = TASK_BLOCK) -> None:
+    def __init__(self, url: str, *, task_block: int = TASK_BLOCK,
+                 envelope_cache_bytes: int | None = None) -> None:
         from ftis.coordinator.state import migrate
 
         if task_block < 1:
@@ -644,6 +658,14 @@ class SqlState(State):
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         self.is_postgres = url.startswith("postgresql")
+        if envelope_cache_bytes is None:
+            envelope_cache_bytes = ENVELOPE_CACHE_BYTES if self.is_postgres else 0
+        if envelope_cache_bytes < 0:
+            raise ValueError(f"envelope_cache_bytes {envelope_cache_bytes} < 0")
+        #: Envelopes of bundles this process relayed (:mod:`.envelope_cache`); ``None``:
+        #: the relay page selects them with the rest of the row.
+        self._envelopes = (EnvelopeCache(envelope_cache_bytes) if envelope_cache_bytes > 0
+                           else None)
         memory = False
         kwargs: dict[str, Any] = {}
         if self.is_sqlite:
@@ -1575,39 +1597,51 @@ class SqlState(State):
         audit: AuditRelay | None = None,
     ) -> tuple[list[BundleRecord], int]:
         mode = 0 if audit is None else 2 if audit.established else 1
+        cache = self._envelopes
         query = _Hot.relay_pages[(bool(fingerprint), bool(skip_zero_variance),
-                                  branch is not None, mode)]
+                                  branch is not None, mode, cache is None)]
         params = {"cursor": int(cursor), "requester": requester_id, "limit": int(limit),
                   "fingerprint": fingerprint, "branch": branch,
                   "probation_bundles": audit.probation_bundles if audit else 0,
                   "audit_fp": audit.fingerprint if audit else ""}
-        page: list[BundleRecord] = []
+        rows: list[Any] = []
         used = 0
         full = False
         max_seq = None
-        with self._snapshot_conn() as conn:  # one statement: one consistent snapshot
-            for m in conn.execute(query, params):
-                max_seq = m.max_seq
-                if page and used + m.size_bytes > max_bytes:
-                    full = True
-                    break
-                page.append(BundleRecord(
-                    sequence=m.sequence, bundle_id=m.bundle_id, node_id=m.node_id,
-                    task_id=m.task_id, lease_id=m.lease_id, dataset=m.dataset,
-                    fingerprint=m.fingerprint, envelope=m.envelope,
-                    verified_rewards=[float(r) for r in m.verified_rewards],
-                    mean_reward=m.mean_reward, zero_variance=m.zero_variance,
-                    completions=m.completions, completion_tokens=m.completion_tokens,
-                    size_bytes=m.size_bytes, reward_mismatches=m.reward_mismatches,
-                    policy_version=m.policy_version, stored_at_ms=m.stored_at_ms,
-                    text_verified=bool(m.text_verified),
-                    sender_standing=Standing(float(m.good or 0), float(m.bad or 0),
-                                             int(m.updated_ms or 0)),
-                    question=TaskEntry.from_json(m.entry_json).question,
-                    audit_only=bool(m.audit_only)))
-                used += m.size_bytes
+        with self._snapshot_conn() as conn:
+            with conn.execute(query, params) as result:  # one consistent snapshot
+                for m in result:  # (closed when the page is full: no statement left open)
+                    max_seq = m.max_seq
+                    if rows and used + m.size_bytes > max_bytes:
+                        full = True
+                        break
+                    rows.append(m)
+                    used += m.size_bytes
             if max_seq is None:  # an empty page: the cursor moves to the newest bundle
                 max_seq = conn.scalar(_Hot.max_sequence)
+            if cache is None:
+                envelopes = {m.sequence: m.envelope for m in rows}
+            else:
+                envelopes, missing = cache.take([m.sequence for m in rows])
+                if missing:  # envelopes never change: a later statement reads the same bytes
+                    for seq, envelope in conn.execute(_Hot.envelopes, {"sequences": missing}):
+                        envelope = bytes(envelope)
+                        envelopes[seq] = envelope
+                        cache.put(seq, envelope)
+        page = [BundleRecord(
+            sequence=m.sequence, bundle_id=m.bundle_id, node_id=m.node_id,
+            task_id=m.task_id, lease_id=m.lease_id, dataset=m.dataset,
+            fingerprint=m.fingerprint, envelope=envelopes[m.sequence],
+            verified_rewards=[float(r) for r in m.verified_rewards],
+            mean_reward=m.mean_reward, zero_variance=m.zero_variance,
+            completions=m.completions, completion_tokens=m.completion_tokens,
+            size_bytes=m.size_bytes, reward_mismatches=m.reward_mismatches,
+            policy_version=m.policy_version, stored_at_ms=m.stored_at_ms,
+            text_verified=bool(m.text_verified),
+            sender_standing=Standing(float(m.good or 0), float(m.bad or 0),
+                                     int(m.updated_ms or 0)),
+            question=TaskEntry.from_json(m.entry_json).question,
+            audit_only=bool(m.audit_only)) for m in rows]
         if len(page) >= limit:
             full = True
         next_cursor = page[-1].sequence if full and page else int(max_seq or 0)
