@@ -41,6 +41,29 @@ def test_two_volunteers_for_two_seconds(bench, capsys):
     assert m, lines[-1]
     assert float(m[1]) == pytest.approx(r.bundles_per_s, abs=0.01)
     assert float(m[2]) == pytest.approx(r.p("SubmitBundle", 99), abs=0.1)
+    cpu = re.fullmatch(r"# CPU per verified bundle: coord_ms_per_bundle=(\d+\.\d+) "
+                       r"gen_ms_per_bundle=(\d+\.\d+)", lines[-2])
+    assert cpu, lines[-2]
+    assert float(cpu[1]) == pytest.approx(r.coord_cpu_pct * 10 / r.bundles_per_s, abs=1e-3)
+    assert float(cpu[2]) == pytest.approx(r.gen_cpu_pct * 10 / r.bundles_per_s, abs=1e-3)
+
+
+def test_the_generator_remembers_prompts_exactly(bench):
+    """The generator tokenizes each distinct chat once; what it reuses is exactly the
+    client's ``Policy.prompt_token_ids`` of that chat."""
+    node = load_script("bench/coordinator_load_node.py")
+    material = node.Material.build(group_size=2, tokens=16)
+    swarm_pb2 = node.swarm_pb2
+    leases = []
+    for q in ("What is 2 + 3?", "What is 7 * 6?", "What is 2 + 3?"):
+        lease = swarm_pb2.TaskLease(lease_id="l", task_id="t", question=q)
+        lease.messages.add(role="user", content=q)
+        leases.append(lease)
+    got = [material.prompt(x) for x in leases]
+    want = [material.policy.prompt_token_ids([{"role": "user", "content": x.question}])
+            for x in leases]
+    assert got == want and got[0] is got[2] and len(material._prompts) == 2  # noqa: SLF001
+    assert list(material.bundle("n", leases[1]).prompt_token_ids) == want[1][0]
 
 
 def test_the_floor_is_a_reference_not_a_result(bench, capsys):
