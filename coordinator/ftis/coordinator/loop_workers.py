@@ -39,7 +39,7 @@ from typing import Any
 
 from sqlalchemy.util import await_only
 
-from ftis.coordinator.worker_pool import PoolFailed
+from ftis.coordinator.worker_pool import PoolFailed, ProcessSet
 
 log = logging.getLogger(__name__)
 
@@ -92,23 +92,15 @@ class _Call:
     worker: _Worker | None = field(default=None)
 
 
-class LoopWorkers:
-    """``workers`` spawned processes, each set up once by ``initializer(*initargs)``,
-    called from the event loop (module docstring).
-
-    Raises:
-        ValueError: ``workers < 1``.
-    """
+class LoopWorkers(ProcessSet):
+    """``workers`` processes called from the event loop (module docstring;
+    :class:`~ftis.coordinator.worker_pool.ProcessSet`: ``ValueError`` when
+    ``workers < 1``). ``start`` and ``close`` hold the lock against each other only."""
 
     def __init__(self, workers: int, initializer: Callable[..., Any] | None = None,
                  initargs: tuple[Any, ...] = ()) -> None:
-        if workers < 1:
-            raise ValueError("workers must be >= 1")
-        self.workers = workers
-        self._initializer = initializer
-        self._initargs = initargs
+        super().__init__(workers, initializer, initargs)
         self._context = multiprocessing.get_context("spawn")
-        self._lock = threading.Lock()  # start/close against each other only
         self._idle: list[_Worker] = []
         self._all: list[_Worker] = []
         self._waiting: collections.deque[_Call] = collections.deque()

@@ -25,8 +25,10 @@ class PoolFailed(RuntimeError):
     """The pool broke twice in a row on one call (a worker keeps dying)."""
 
 
-class WorkerPool:
-    """``workers`` spawned processes, each set up once by ``initializer(*initargs)``.
+class ProcessSet:
+    """What every set of ``workers`` spawned processes shares: their number and their
+    one-time set-up ``initializer(*initargs)`` (:class:`WorkerPool`,
+    :class:`~ftis.coordinator.loop_workers.LoopWorkers`).
 
     Raises:
         ValueError: ``workers < 1``.
@@ -40,6 +42,14 @@ class WorkerPool:
         self._initializer = initializer
         self._initargs = initargs
         self._lock = threading.Lock()
+
+
+class WorkerPool(ProcessSet):
+    """``workers`` processes of a ``ProcessPoolExecutor`` (:class:`ProcessSet`)."""
+
+    def __init__(self, workers: int, initializer: Callable[..., Any] | None = None,
+                 initargs: tuple[Any, ...] = ()) -> None:
+        super().__init__(workers, initializer, initargs)
         self._pool: ProcessPoolExecutor | None = None
 
     def _executor(self) -> ProcessPoolExecutor:

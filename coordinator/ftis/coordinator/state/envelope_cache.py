@@ -2,12 +2,14 @@
 
 A stored bundle's envelope (its serialized ``SignedEnvelope``, about 20 KiB for G = 8
 completions of 256 tokens) never changes, and every volunteer pulls the same recent
-bundles: at N volunteers each one is relayed up to N - 1 times. Reading it from the
-database each time costs the most of a relay page (on SQLite about five overflow pages
-per bundle, read from the file again after every write by another connection, since
-SQLite then drops the connection's page cache). So :meth:`SqlState.pull_bundles` selects
-the page without envelopes and takes them from here, reading from the database only the
-ones this process has not relayed yet.
+bundles: at N volunteers each one is relayed up to N - 1 times. On PostgreSQL every
+page's envelopes otherwise cross the server's socket each time, so
+:meth:`SqlState.pull_bundles` selects the page without envelopes and takes them from
+here, reading from the database only the ones this process has not relayed yet (the
+default there). On SQLite the row's pages come from the local file anyway, and the second
+statement for each new bundle cost more than the copy it saved, so it has no cache by
+default (paired runs in docs/benchmarks.md, "Re-scoring workers served from the event
+loop, and what did not help").
 
 Correctness needs only that a bundle's sequence number names one envelope forever:
 sequences are never reused (``AUTOINCREMENT`` on SQLite, a sequence on PostgreSQL) and
