@@ -110,3 +110,30 @@ def test_rescoring_inline_uses_the_loop_workers_and_threads_the_pool() -> None:
         assert pool._pool._pool is not None  # noqa: SLF001
     finally:
         pool.close()
+
+
+def test_an_unreadable_reply_fails_only_its_call(workers: LoopWorkers,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply that cannot be unpickled here (say an exception class that cannot be
+    rebuilt) fails its call with RuntimeError; the worker goes on serving."""
+    import pickle as real
+
+    from ftis.coordinator import loop_workers
+
+    class Once:
+        dumps = staticmethod(real.dumps)
+        HIGHEST_PROTOCOL = real.HIGHEST_PROTOCOL
+        broken = True
+
+        @classmethod
+        def loads(cls, data: bytes):
+            if cls.broken:
+                cls.broken = False
+                raise TypeError("__init__() missing 1 required positional argument")
+            return real.loads(data)
+
+    monkeypatch.setattr(loop_workers, "pickle", Once)
+    (error,) = run_inline(lambda: workers.call(operator.add, 1, 2, timeout=30))
+    assert isinstance(error, RuntimeError) and "unreadable reply" in str(error)
+    assert run_inline(*[lambda: workers.call(operator.add, 1, 2, timeout=30)] * 4) == [3] * 4
+    assert len(workers.worker_pids()) == 2

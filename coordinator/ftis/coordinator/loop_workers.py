@@ -213,13 +213,17 @@ class LoopWorkers(ProcessSet):
         """The loop's reader callback: ``worker``'s pipe is readable (a reply, or EOF)."""
         future, worker.current = worker.current, None
         try:
-            ok, value = pickle.loads(worker.conn.recv_bytes())
-        except (EOFError, OSError, pickle.UnpicklingError) as exc:
+            reply = worker.conn.recv_bytes()
+        except (EOFError, OSError) as exc:
             self._retire(worker)
             if future is not None and not future.done():
                 future.set_exception(WorkerDied(f"worker exited: {exc!r}"))
             self._dispatch()
             return
+        try:  # a whole message was read: the pipe stays in step whatever it holds
+            ok, value = pickle.loads(reply)
+        except Exception as exc:  # noqa: BLE001 - e.g. an exception class that cannot be rebuilt
+            ok, value = False, RuntimeError(f"unreadable reply from a worker: {exc!r}")
         if future is not None and not future.done():
             if ok:
                 future.set_result(value)
