@@ -201,6 +201,7 @@ class LoopWorkers(ProcessSet):
             worker.current = call.future
             call.worker = worker
             if not worker.reading:
+                assert self._loop is not None  # bound by _call_once before any call waits
                 self._loop.add_reader(worker.conn.fileno(), self._on_reply, worker)
                 worker.reading = True
 
@@ -317,9 +318,9 @@ class LoopWorkers(ProcessSet):
     def _detach(self, workers: list[_Worker]) -> None:
         """On the loop: stop reading the workers' pipes and fail their calls."""
         for worker in workers:
-            if worker.reading:
+            if worker.reading and self._loop is not None:
                 self._loop.remove_reader(worker.conn.fileno())
-                worker.reading = False
+            worker.reading = False
             future, worker.current = worker.current, None
             if future is not None and not future.done():
                 future.set_exception(WorkerDied("worker stopped: LoopWorkers closed"))
