@@ -32,6 +32,7 @@ import logging
 import multiprocessing
 import pickle
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -82,7 +83,6 @@ class _Worker:
     conn: Connection
     current: asyncio.Future | None = None
     reading: bool = False  # registered with the loop's reader callbacks
-    dead: bool = False
 
 
 @dataclass(eq=False)
@@ -108,7 +108,8 @@ class LoopWorkers(ProcessSet):
         self._closed = False
 
     # -- processes -----------------------------------------------------------------
-    def _spawn(self) -> _Worker:
+    def _spawn(self, idle: bool = True) -> _Worker:
+        """A new worker process, listed as idle unless ``idle`` is False."""
         ours, theirs = self._context.Pipe(duplex=True)
         process = self._context.Process(
             target=_serve, args=(theirs, self._initializer, self._initargs),
@@ -117,7 +118,8 @@ class LoopWorkers(ProcessSet):
         theirs.close()
         worker = _Worker(process, ours)
         self._all.append(worker)
-        self._idle.append(worker)
+        if idle:
+            self._idle.append(worker)
         return worker
 
     def start(self, wait_s: float = 0.0, warm: Callable[[], Any] | None = None) -> None:
@@ -125,8 +127,6 @@ class LoopWorkers(ProcessSet):
         uses them). With ``warm`` (a picklable no-argument function) and ``wait_s`` > 0,
         wait up to ``wait_s`` seconds in total for each worker to have run ``warm``
         (that is, finished its ``initializer``)."""
-        import time
-
         with self._lock:
             if self._closed:
                 raise RuntimeError("LoopWorkers closed")
@@ -151,9 +151,8 @@ class LoopWorkers(ProcessSet):
 
     def _retire(self, worker: _Worker) -> None:
         """Forget ``worker``, kill its process and close its pipe (idempotent)."""
-        if worker.dead:
+        if worker.conn.closed:
             return
-        worker.dead = True
         if worker in self._all:
             self._all.remove(worker)
         if worker in self._idle:
@@ -166,8 +165,9 @@ class LoopWorkers(ProcessSet):
         except (OSError, AttributeError, ValueError):
             pass
         worker.conn.close()
-        # reap it without waiting (a killed process exits at once)
-        worker.process.join(timeout=0.5)
+        # reap it if it is gone already; never wait on the loop (the next start of a
+        # process reaps what is left)
+        worker.process.join(timeout=0)
 
     # -- calls (event loop thread only) ------------------------------------------------
     def _bind(self) -> asyncio.AbstractEventLoop:
@@ -190,7 +190,7 @@ class LoopWorkers(ProcessSet):
             call = self._waiting.popleft()
             if call.future.done():
                 continue
-            worker = self._idle.pop() if self._idle else self._spawn_idle()
+            worker = self._idle.pop() if self._idle else self._spawn(idle=False)
             try:
                 worker.conn.send_bytes(call.payload)
             except OSError as exc:  # it died while idle: not this call's doing
@@ -204,11 +204,6 @@ class LoopWorkers(ProcessSet):
                 assert self._loop is not None  # bound by _call_once before any call waits
                 self._loop.add_reader(worker.conn.fileno(), self._on_reply, worker)
                 worker.reading = True
-
-    def _spawn_idle(self) -> _Worker:
-        worker = self._spawn()
-        self._idle.remove(worker)
-        return worker
 
     def _on_reply(self, worker: _Worker) -> None:
         """The loop's reader callback: ``worker``'s pipe is readable (a reply, or EOF)."""
@@ -304,7 +299,6 @@ class LoopWorkers(ProcessSet):
                 loop.call_soon_threadsafe(detach)
                 done.wait(2.0)
         for worker in workers:
-            worker.dead = True
             try:
                 worker.conn.close()  # EOF: the worker's loop returns
             except OSError:
