@@ -43,6 +43,14 @@ The last line is ``bundles_per_s=<x> p99_submit_ms=<y>`` of the best configurati
 N = 32 (the largest N run when 32 is not among ``--volunteers``; the floor counts only
 when it is the only configuration run).
 
+``--repeats K`` (default 5): the best configuration at that N is run K - 1 more times
+(a fresh database each), because on a shared machine one 20 s run of the same code
+varies by about +-10 %. A line before the last two gives the K rates' mean with a 95 %
+t-interval, their range and how many runs met the targets (``>= 350`` bundles/s with
+SubmitBundle p99 ``< 100`` ms). With K > 1 the last two lines are over all K runs: the
+mean rate, the p99 of the pooled SubmitBundle latencies and the CPU per bundle of the
+K runs together.
+
 Usage: ``python bench/coordinator_load.py --volunteers 1,8,32,128 --seconds 20``
 """
 
@@ -63,11 +71,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from ab_pairs import t_interval  # noqa: E402
 from coordinator_load_node import (  # noqa: E402
     LoadStats,
     Material,
     RunResult,
     bundle_cost_ms,
+    percentile_ms,
     register_volunteers,
     run_volunteers,
 )
@@ -86,6 +96,8 @@ from coordinator_load_server import (  # noqa: E402
 from ftis.tasks.source import DEFAULT_TASKS  # noqa: E402
 
 TARGET_N = 32
+#: Issue 12's targets at N = TARGET_N: verified bundles/s and SubmitBundle p99 (ms).
+TARGET_RATE, TARGET_P99_MS = 350.0, 100.0
 SOAK_REPORT_S = 30.0
 
 
@@ -265,6 +277,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pg-url", default="",
                     help="PostgreSQL server URL (postgresql+psycopg://user@host/db); "
                          "default env FTIS_BENCH_PG_URL; a fresh database is created per run")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="runs of the best configuration at N=32 in all (default 5): the "
+                         "last line is their mean rate and pooled p99")
     ap.add_argument("--soak-s", type=float, default=0.0,
                     help="soak mode: one configuration at N=32 for this many seconds")
     ap.add_argument("--group-size", type=int, default=8, help="G (default 8)")
@@ -296,6 +311,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                  "postgresql, floor")
     if not args.n_list or min(args.n_list) < 1:
         ap.error("--volunteers needs positive integers")
+    if args.repeats < 1:
+        ap.error("--repeats needs a positive integer")
     return args
 
 
@@ -323,6 +340,7 @@ def main(argv: list[str] | None = None, results: list[RunResult] | None = None) 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ftis-bench-coord-"))
     workdir.mkdir(parents=True, exist_ok=True)
     databases: list[Database] = []
+    repeats: list[RunResult] = []
     for name in args.config_list:
         if name.startswith("sqlite"):
             workers = int(name.split(":")[1]) if ":" in name else args.sqlite_workers
@@ -359,6 +377,18 @@ def main(argv: list[str] | None = None, results: list[RunResult] | None = None) 
                     ran.append(r)
                     out(row(r))
                 _print_errors(ran)
+            if args.repeats > 1 and results:
+                at, best = _best(results)
+                db = next(d for d in databases if d.label == best.config)
+                out(f"== repeats: {db.label}, N={at}")
+                out(HEADER)
+                repeats = [best]
+                for _ in range(args.repeats - 1):
+                    r = run_one(db, material, at, args, workdir, seconds=args.seconds)
+                    repeats.append(r)
+                    out(row(r))
+                _print_errors(repeats[1:])
+                results.extend(repeats[1:])
     finally:
         for db in databases:
             close = getattr(db, "close", None)
@@ -374,24 +404,54 @@ def main(argv: list[str] | None = None, results: list[RunResult] | None = None) 
         out("no run")
         return 1
     floor = {r.n: r for r in results if r.config == FloorTarget.label}
-    served = [r for r in results if r.config != FloorTarget.label]
-    for r in served:
-        if r.n in floor and floor[r.n].bundles_per_s > 0:
+    shown = set()
+    for r in results:
+        if (r.config != FloorTarget.label and r.n in floor and floor[r.n].bundles_per_s > 0
+                and (r.config, r.n) not in shown):
+            shown.add((r.config, r.n))
             out(f"# share of the floor at N={r.n}: {r.config}: "
                 f"{r.bundles_per_s / floor[r.n].bundles_per_s:.3f} "
                 f"({r.bundles_per_s:.1f} / {floor[r.n].bundles_per_s:.1f} bundles/s)")
-    if not served:  # only the floor was run: it is the result
-        served = results
-    at = TARGET_N if any(r.n == TARGET_N for r in served) else max(r.n for r in served)
-    best = max((r for r in served if r.n == at), key=lambda r: r.bundles_per_s)
+    at, best = _best(results)
     out(f"# best at N={at}: {best.config}"
         + ("" if at == TARGET_N else f" (N={TARGET_N} was not run)"))
-    if best.verified > 0:  # CPU time is not charged for time the host gave to others
-        per = 10.0 / best.bundles_per_s  # ms of CPU per bundle for each 1 % of a core
-        out(f"# CPU per verified bundle: coord_ms_per_bundle={best.coord_cpu_pct * per:.3f} "
-            f"gen_ms_per_bundle={best.gen_cpu_pct * per:.3f}")
-    out(f"bundles_per_s={best.bundles_per_s:.2f} p99_submit_ms={best.p('SubmitBundle', 99):.1f}")
-    return 0 if best.verified > 0 else 1
+    runs = repeats or [best]
+    if len(runs) > 1:
+        out(repeats_line(runs))
+    verified = sum(r.verified for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    if verified > 0:  # CPU time is not charged for time the host gave to others
+        # CPU % x seconds / 100 = CPU seconds; per bundle, in ms
+        coord = sum(r.coord_cpu_pct * r.seconds for r in runs) * 10.0 / verified
+        gen = sum(r.gen_cpu_pct * r.seconds for r in runs) * 10.0 / verified
+        out(f"# CPU per verified bundle: coord_ms_per_bundle={coord:.3f} "
+            f"gen_ms_per_bundle={gen:.3f}")
+    rate = sum(r.bundles_per_s for r in runs) / len(runs)
+    p99 = percentile_ms([x for r in runs for x in r.latencies["SubmitBundle"]], 99)
+    out(f"bundles_per_s={rate:.2f} p99_submit_ms={p99:.1f}")
+    return 0 if verified > 0 and seconds > 0 else 1
+
+
+def _best(results: list[RunResult]) -> tuple[int, RunResult]:
+    """``(N, run)``: the fastest served configuration's run at N = TARGET_N (else at the
+    largest N run); the floor only when nothing else was run."""
+    served = [r for r in results if r.config != FloorTarget.label] or results
+    at = TARGET_N if any(r.n == TARGET_N for r in served) else max(r.n for r in served)
+    return at, max((r for r in served if r.n == at), key=lambda r: r.bundles_per_s)
+
+
+def repeats_line(runs: list[RunResult]) -> str:
+    """The summary of K >= 2 runs of one configuration at one N: mean bundles/s with its
+    95 % t-interval, range, per-run SubmitBundle p99 range, and runs meeting the targets."""
+    rates = [r.bundles_per_s for r in runs]
+    mean, lo, hi = t_interval(rates)
+    p99s = [r.p("SubmitBundle", 99) for r in runs]
+    met = sum(r.bundles_per_s >= TARGET_RATE and r.p("SubmitBundle", 99) < TARGET_P99_MS
+              for r in runs)
+    return (f"# repeats of {runs[0].config} at N={runs[0].n}: n={len(runs)}, bundles/s mean "
+            f"{mean:.1f} [{lo:.1f}, {hi:.1f}] (95 % t), range {min(rates):.1f}-{max(rates):.1f}; "
+            f"SubmitBundle p99 {min(p99s):.1f}-{max(p99s):.1f} ms; runs with >= "
+            f"{TARGET_RATE:g} bundles/s and p99 < {TARGET_P99_MS:g} ms: {met} of {len(runs)}")
 
 
 def _print_errors(results: list[RunResult]) -> None:

@@ -4,6 +4,7 @@ rejected, the table and the machine-readable last line well formed."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -25,7 +26,7 @@ def bench():
 def test_two_volunteers_for_two_seconds(bench, capsys):
     results = []
     code = bench.main(["--volunteers", "2", "--seconds", "2", "--warmup", "0.5",
-                       "--configs", "sqlite"], results)
+                       "--configs", "sqlite", "--repeats", "1"], results)
     lines = capsys.readouterr().out.strip().splitlines()
     assert code == 0, lines[-15:]
     (r,) = results
@@ -72,7 +73,7 @@ def test_the_floor_is_a_reference_not_a_result(bench, capsys):
     configuration is printed as a share of it, and the last line is the served one's."""
     results = []
     code = bench.main(["--volunteers", "2", "--seconds", "2", "--warmup", "0.5",
-                       "--configs", "floor,sqlite:2"], results)
+                       "--configs", "floor,sqlite:2", "--repeats", "1"], results)
     lines = capsys.readouterr().out.strip().splitlines()
     assert code == 0, lines[-15:]
     floor, served = results
@@ -86,3 +87,38 @@ def test_the_floor_is_a_reference_not_a_result(bench, capsys):
                      f"{served.bundles_per_s / floor.bundles_per_s:.3f} "
                      f"({served.bundles_per_s:.1f} / {floor.bundles_per_s:.1f} bundles/s)"]
     assert lines[-1].startswith(f"bundles_per_s={served.bundles_per_s:.2f} ")
+
+
+def test_repeats_report_the_mean_rate_and_the_pooled_p99(bench, capsys):
+    """``--repeats 2``: the best configuration runs once more on a fresh database; the
+    summary line gives both rates' mean and t-interval, and the last two lines are over
+    both runs (mean rate, p99 of the pooled SubmitBundle latencies, CPU of both runs
+    per bundle of both runs)."""
+    results = []
+    code = bench.main(["--volunteers", "2", "--seconds", "1.5", "--warmup", "0.5",
+                       "--configs", "sqlite", "--repeats", "2"], results)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert code == 0, lines[-15:]
+    first, second = results
+    assert first.config == second.config == "sqlite, 1 worker" and first.n == second.n == 2
+    assert second.verified > 0 and not second.errors and not second.notes
+    assert "== repeats: sqlite, 1 worker, N=2" in lines
+    rates = [first.bundles_per_s, second.bundles_per_s]
+    mean = sum(rates) / 2
+    half = 12.706 * abs(rates[0] - rates[1]) / 2  # t(0.975, 1) * sd / sqrt(2)
+    summary = [line for line in lines if line.startswith("# repeats of ")]
+    assert summary == [bench.repeats_line(results)]
+    assert f"mean {mean:.1f} [{mean - half:.1f}, {mean + half:.1f}] (95 % t)" in summary[0]
+    assert summary[0].endswith(" of 2")
+    pooled = sorted(first.latencies["SubmitBundle"] + second.latencies["SubmitBundle"])
+    p99 = pooled[math.ceil(0.99 * len(pooled)) - 1] * 1000
+    m = re.fullmatch(r"bundles_per_s=(\d+\.\d+) p99_submit_ms=(\d+\.\d+)", lines[-1])
+    assert m, lines[-1]
+    assert float(m[1]) == pytest.approx(mean, abs=0.01)
+    assert float(m[2]) == pytest.approx(p99, abs=0.1)
+    cpu = re.fullmatch(r"# CPU per verified bundle: coord_ms_per_bundle=(\d+\.\d+) "
+                       r"gen_ms_per_bundle=(\d+\.\d+)", lines[-2])
+    assert cpu, lines[-2]
+    coord_ms = sum(r.coord_cpu_pct / 100 * r.seconds for r in results) * 1000 / (
+        first.verified + second.verified)
+    assert float(cpu[1]) == pytest.approx(coord_ms, abs=1e-3)
