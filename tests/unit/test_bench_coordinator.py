@@ -23,12 +23,19 @@ def bench():
     return load_script("bench/coordinator_load.py")
 
 
-def test_two_volunteers_for_two_seconds(bench, capsys):
-    results = []
-    code = bench.main(["--volunteers", "2", "--seconds", "2", "--warmup", "0.5",
-                       "--configs", "sqlite", "--repeats", "1"], results)
+def _run(bench, capsys, *args: str) -> tuple[list, list[str]]:
+    """``bench.main`` with N = 2 volunteers, 0.5 s warm-up and ``args``: its runs and its
+    output lines (asserting it exited 0)."""
+    results: list = []
+    code = bench.main(["--volunteers", "2", "--warmup", "0.5", *args], results)
     lines = capsys.readouterr().out.strip().splitlines()
     assert code == 0, lines[-15:]
+    return results, lines
+
+
+def test_two_volunteers_for_two_seconds(bench, capsys):
+    results, lines = _run(bench, capsys, "--seconds", "2", "--configs", "sqlite",
+                          "--repeats", "1")
     (r,) = results
     assert r.n == 2 and r.config == "sqlite, 1 worker"
     assert r.verified > 0 and r.bundles_per_s > 0
@@ -71,11 +78,8 @@ def test_the_floor_is_a_reference_not_a_result(bench, capsys):
     """``--configs floor,sqlite:2``: the floor (the listener with canned replies) serves
     the same loop without errors, faster than the real coordinator; each served
     configuration is printed as a share of it, and the last line is the served one's."""
-    results = []
-    code = bench.main(["--volunteers", "2", "--seconds", "2", "--warmup", "0.5",
-                       "--configs", "floor,sqlite:2", "--repeats", "1"], results)
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert code == 0, lines[-15:]
+    results, lines = _run(bench, capsys, "--seconds", "2", "--configs", "floor,sqlite:2",
+                          "--repeats", "1")
     floor, served = results
     assert floor.config.startswith("floor") and served.config == "sqlite, 2 workers"
     for r in results:
@@ -94,11 +98,8 @@ def test_repeats_report_the_mean_rate_and_the_pooled_p99(bench, capsys):
     summary line gives both rates' mean and t-interval, and the last two lines are over
     both runs (mean rate, p99 of the pooled SubmitBundle latencies, CPU of both runs
     per bundle of both runs)."""
-    results = []
-    code = bench.main(["--volunteers", "2", "--seconds", "1.5", "--warmup", "0.5",
-                       "--configs", "sqlite", "--repeats", "2"], results)
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert code == 0, lines[-15:]
+    results, lines = _run(bench, capsys, "--seconds", "1.5", "--configs", "sqlite",
+                          "--repeats", "2")
     first, second = results
     assert first.config == second.config == "sqlite, 1 worker" and first.n == second.n == 2
     assert second.verified > 0 and not second.errors and not second.notes
