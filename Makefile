@@ -119,8 +119,9 @@ bench-learner: setup
 # tokenizer uploaded, signed LeaseTasks -> SubmitBundle -> PullBundles on grpc.aio):
 # verified bundles/s, p50/p99 per RPC, errors by code, coordinator CPU/RSS, generator CPU;
 # SQLite (and PostgreSQL with --workers 2 when available). N = 1,8,32,128, 20 s each
-# (~2 min per configuration); the last line is bundles_per_s=X p99_submit_ms=Y at
-# N = 32 (docs/benchmarks.md).
+# (~2 min per configuration), then the best configuration at N = 32 four more times
+# (--repeats 5); the last line is bundles_per_s=X p99_submit_ms=Y at N = 32, the mean
+# rate and pooled p99 of those five runs (docs/benchmarks.md).
 bench-coordinator: setup test-deps
 	$(BIN)/python bench/coordinator_load.py
 
