@@ -160,7 +160,7 @@ def run_one(db: Database, material: Material, n: int, args: argparse.Namespace,
         gen_cpu, wall = asyncio.run(run_volunteers(
             target, identities, material, stats, args.warmup, seconds, on_window=on_window,
             pull_max=args.pull_max, timeout_s=args.rpc_timeout,
-            skip_zero_variance=args.skip_zero_variance))
+            skip_zero_variance=args.skip_zero_variance, lease_count=args.lease_count))
         end = sampler.sample()
         done.set()
         start = marks["start"]
@@ -285,6 +285,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--group-size", type=int, default=8, help="G (default 8)")
     ap.add_argument("--tokens", type=int, default=256, help="tokens per completion (256)")
     ap.add_argument("--pull-max", type=int, default=8, help="PullBundles max_bundles (8)")
+    ap.add_argument("--lease-count", type=int, default=1,
+                    help="LeaseTasks count K (default 1, issue 12's loop): K leases per "
+                         "call, one used per loop, as the client leases its round's I tasks")
     ap.add_argument("--skip-zero-variance", action="store_true",
                     help="pull with skip_zero_variance (every bundle here has reward 0 for "
                          "all completions, so pulls then relay nothing)")
@@ -313,6 +316,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--volunteers needs positive integers")
     if args.repeats < 1:
         ap.error("--repeats needs a positive integer")
+    if not 1 <= args.lease_count <= 64:
+        ap.error("--lease-count needs an integer in [1, 64] (the coordinator's bound)")
     return args
 
 
@@ -336,7 +341,8 @@ def main(argv: list[str] | None = None, results: list[RunResult] | None = None) 
         out(f"# coordinator code from {args.source}")
     measured = args.soak_s if args.soak_s > 0 else args.seconds
     out(f"# per run: {args.warmup:g} s warm-up, then {measured:g} s measured; "
-        f"PullBundles max_bundles={args.pull_max}, skip_zero_variance={args.skip_zero_variance}")
+        f"LeaseTasks count={args.lease_count}, PullBundles max_bundles={args.pull_max}, "
+        f"skip_zero_variance={args.skip_zero_variance}")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ftis-bench-coord-"))
     workdir.mkdir(parents=True, exist_ok=True)
     databases: list[Database] = []

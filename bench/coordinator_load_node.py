@@ -298,10 +298,15 @@ def _channel(target: str) -> grpc.aio.Channel:
 
 async def volunteer_loop(target: str, identity: NodeIdentity, material: Material,
                          stats: LoadStats, *, pull_max: int = 8, timeout_s: float = 60.0,
-                         skip_zero_variance: bool = False, pace_s: float = 0.0) -> None:
+                         skip_zero_variance: bool = False, pace_s: float = 0.0,
+                         lease_count: int = 1) -> None:
     """LeaseTasks(count=1) -> SubmitBundle -> PullBundles(max_bundles=pull_max, one page),
     until cancelled, waiting ``pace_s`` seconds after each loop (0: a closed loop). Every
-    error is recorded; the loop pauses :data:`ERROR_PAUSE_S` after one and goes on."""
+    error is recorded; the loop pauses :data:`ERROR_PAUSE_S` after one and goes on.
+
+    ``lease_count`` K > 1: LeaseTasks(count=K) only when the volunteer holds no unanswered
+    lease, then one lease per loop, as the client leases its I = ``local_groups`` tasks
+    of a round in one call (issue 12's loop is K = 1)."""
     node_id = identity.node_id
     fingerprint = material.card.tokenizer_fingerprint
     g, k = material.group_size, material.tokens
@@ -321,18 +326,22 @@ async def volunteer_loop(target: str, identity: NodeIdentity, material: Material
         stats.record(rpc, t0, clock(), code_name(code) if code else None)
         return None if code else reply
 
+    held: list[swarm_pb2.TaskLease] = []
     try:
         while True:
-            req = swarm_pb2.LeaseTasksRequest(node_id=node_id, count=1, group_size=g,
-                                              max_new_tokens=k)
-            sign_request(req, "LeaseTasks", identity)
-            leased = await call("LeaseTasks", stub.LeaseTasks, req)
-            if leased is not None and not leased.leases and stats.start <= clock() <= stats.end:
-                stats.errors["LeaseTasks NO_LEASE"] += 1  # success without a lease
-            if leased is None or not leased.leases:
-                await asyncio.sleep(ERROR_PAUSE_S)
-                continue
-            envelope = seal("bundle", material.bundle(node_id, leased.leases[0]), identity)
+            if not held:
+                req = swarm_pb2.LeaseTasksRequest(node_id=node_id, count=lease_count,
+                                                  group_size=g, max_new_tokens=k)
+                sign_request(req, "LeaseTasks", identity)
+                leased = await call("LeaseTasks", stub.LeaseTasks, req)
+                if (leased is not None and len(leased.leases) != lease_count
+                        and stats.start <= clock() <= stats.end):
+                    stats.errors["LeaseTasks NO_LEASE"] += 1  # success without K leases
+                if leased is None or not leased.leases:
+                    await asyncio.sleep(ERROR_PAUSE_S)
+                    continue
+                held = list(reversed(leased.leases))
+            envelope = seal("bundle", material.bundle(node_id, held.pop()), identity)
             submitted = await call("SubmitBundle", stub.SubmitBundle,
                                    swarm_pb2.SubmitBundleRequest(envelope=envelope))
             if submitted is not None:

@@ -123,3 +123,18 @@ def test_repeats_report_the_mean_rate_and_the_pooled_p99(bench, capsys):
     coord_ms = sum(r.coord_cpu_pct / 100 * r.seconds for r in results) * 1000 / (
         first.verified + second.verified)
     assert float(cpu[1]) == pytest.approx(coord_ms, abs=1e-3)
+
+
+def test_a_lease_count_of_three_leases_once_per_three_bundles(bench, capsys):
+    """``--lease-count 3``: each volunteer calls LeaseTasks(count=3) only when it holds no
+    lease and answers one lease per loop, so the window holds about a third as many
+    LeaseTasks calls as SubmitBundle calls, every bundle verified and nothing refused
+    (an answered or unknown lease would be refused)."""
+    results, lines = _run(bench, capsys, "--seconds", "2", "--configs", "sqlite",
+                          "--repeats", "1", "--lease-count", "3")
+    (r,) = results
+    assert r.verified > 6 and not r.errors and not r.notes, (r.errors, r.notes)
+    leases, submits = len(r.latencies["LeaseTasks"]), len(r.latencies["SubmitBundle"])
+    # two volunteers, each at most one lease call ahead of or behind its thirds
+    assert submits / 3 - 2 <= leases <= submits / 3 + 2, (leases, submits)
+    assert any("LeaseTasks count=3," in line for line in lines)
