@@ -26,6 +26,10 @@ sw/loop``: every thread of its process tree, from ``/proc/PID/task/*/status``; L
 only), this generator's own CPU % and the machine's 1-minute load average at the end of
 the run (``load``: other processes share the CPUs).
 
+``--lease-count K`` (default 1, issue 12's loop): LeaseTasks(count=K) whenever a volunteer
+holds no lease, one lease answered per loop, as the client leases the I = ``local_groups``
+tasks of its round in one call.
+
 ``--soak-s S``: one configuration at N = 32 for S seconds, RSS every 30 s and the RSS
 slope (MB/min) at the end.
 
