@@ -114,6 +114,7 @@ bench: bench-learner
 bench-learner: setup
 	$(PIP) -e "lab[bench]"
 	$(BIN)/python bench/learner_vs_trl.py --reps 3 --threads 1
+	$(BIN)/python bench/learner_shared_prompt.py --reps 6 --threads 1
 
 # The coordinator under a closed-loop load of N volunteers (real identities, SmolLM2
 # tokenizer uploaded, signed LeaseTasks -> SubmitBundle -> PullBundles on grpc.aio):

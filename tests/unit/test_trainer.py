@@ -22,10 +22,11 @@ def _groups():
     return [local, external, flat]
 
 
-def _grads_after_backward(policy, groups, micro_batch_size, method="tis"):
+def _grads_after_backward(policy, groups, micro_batch_size, method="tis", share_prompt=True):
     model = copy.deepcopy(policy.model)
     config = LearnerConfig(loss=LossConfig(method=method), learning_rate=0.0,
-                           max_grad_norm=1e9, micro_batch_size=micro_batch_size)
+                           max_grad_norm=1e9, micro_batch_size=micro_batch_size,
+                           share_prompt=share_prompt)
     learner = Learner(model, config, 0)
     # reproduce step() up to backward without the optimizer touching the weights
     learner.optimizer.step = lambda: None  # type: ignore[method-assign]
@@ -72,6 +73,23 @@ def test_micro_batching_does_not_change_loss_or_gradient(tiny_policy_factory):
     assert g1.keys() == g8.keys() and g1
     for n in g1:
         torch.testing.assert_close(g1[n], g8[n], atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("micro_batch_size", [2, 8])
+def test_a_shared_prompt_forward_does_not_change_the_step(tiny_policy_factory,
+                                                          micro_batch_size):
+    """``share_prompt`` (each group's prompt run once, its cache repeated) against every
+    completion run with its prompt: the same loss, statistics and gradient (float32)."""
+    pol = tiny_policy_factory()
+    shared, g_shared = _grads_after_backward(pol, _groups(), micro_batch_size)
+    whole, g_whole = _grads_after_backward(pol, _groups(), micro_batch_size,
+                                           share_prompt=False)
+    for key in ("loss", "is_weight_mean", "truncated_frac", "external_k1_mean",
+                "external_is_weight_max"):
+        assert shared[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+    assert g_shared.keys() == g_whole.keys() and g_shared
+    for n in g_shared:
+        torch.testing.assert_close(g_shared[n], g_whole[n], atol=1e-6, rtol=1e-4)
 
 
 def test_zero_variance_groups_dropped_and_on_policy_ignores_external(tiny_policy_factory):

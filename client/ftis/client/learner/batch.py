@@ -46,6 +46,9 @@ class PackedBatch:
             one aligns ``logits[:, t]`` with ``targets[:, t]``.
         gen_sequence_logprobs: ``[B]`` float32 generator sequence log-probs when every
             sample is cross-tokenizer, else ``None`` (batches never mix the two).
+        shared_prompt_len: ``P`` when every row has the same ``P`` prompt ids (no left
+            padding, ``input_ids[:, :P]`` equal on every row), else 0; then the prompt
+            can be run once for all rows (:mod:`ftis.client.learner.forward`).
     """
 
     input_ids: torch.Tensor
@@ -57,6 +60,7 @@ class PackedBatch:
     advantages: torch.Tensor
     logits_to_keep: int
     gen_sequence_logprobs: torch.Tensor | None = None
+    shared_prompt_len: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -98,5 +102,34 @@ def pack(samples: list[Sample], pad_token_id: int) -> PackedBatch:
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     seq_gen = (torch.tensor([s.gen_sequence_logprob for s in samples], dtype=torch.float32)
                if cross == {True} else None)
+    shared = p_max if all(s.prompt_ids == samples[0].prompt_ids for s in samples) else 0
     return PackedBatch(input_ids, attention, positions, input_ids[:, p_max:], mask, lp_gen,
-                       advantages, k + 1, seq_gen)
+                       advantages, k + 1, seq_gen, shared)
+
+
+def micro_batches(samples: list[Sample], size: int, by_prompt: bool) -> list[list[Sample]]:
+    """Split ``samples`` into micro-batches of at most ``size``.
+
+    ``by_prompt``: the samples of one prompt (a group's completions) go together and
+    never share a micro-batch with another prompt's, so each micro-batch's prompt runs
+    once (:attr:`PackedBatch.shared_prompt_len`); prompts in order of first appearance,
+    each one's samples by completion length. Otherwise all samples sorted by prompt +
+    completion length (least padding), then cut. The loss is the same either way: the
+    trainer weights each micro-batch by its share of tokens or completions.
+
+    Raises:
+        ValueError: ``size`` < 1.
+    """
+    if size < 1:
+        raise ValueError(f"micro-batch size {size} < 1")
+    if not by_prompt:
+        ordered = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+        return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    by: dict[tuple[int, ...], list[Sample]] = {}
+    for s in samples:
+        by.setdefault(tuple(s.prompt_ids), []).append(s)
+    out: list[list[Sample]] = []
+    for same in by.values():
+        same.sort(key=lambda s: len(s.completion_ids))
+        out += [same[i : i + size] for i in range(0, len(same), size)]
+    return out

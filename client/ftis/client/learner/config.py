@@ -222,6 +222,10 @@ class LearnerConfig(BaseModel):
     max_grad_norm: float = 1.0
     micro_batch_size: int = Field(
         8, ge=1, description="completions per learner forward/backward (memory; same update)")
+    share_prompt: bool = Field(
+        True, description="run a group's prompt once per micro-batch and its completions "
+        "on the repeated key/value cache (same log-probs; micro-batches then hold one "
+        "prompt each); false: every completion runs with its prompt")
     scale_advantages_by_std: bool = True
     adam_betas: tuple[float, float] = (0.9, 0.999)
     cross_tokenizer: CrossTokenizer = Field(

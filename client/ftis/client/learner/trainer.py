@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 import torch
 
 from ftis.client.learner import loss as loss_module
-from ftis.client.learner.batch import PackedBatch, Sample, pack
+from ftis.client.learner.batch import PackedBatch, Sample, micro_batches, pack
 from ftis.client.learner.config import LearnerConfig
+from ftis.client.learner.forward import batch_logprobs
 from ftis.client.learner.loss import (
     CompletionStats,
     Reduction,
     Stat,
-    completion_logprobs,
     group_advantages,
     policy_loss,
     sequence_level_policy_loss,
@@ -72,11 +72,8 @@ class Learner:
         self.sender_stats: dict[str, SenderStats] = {}
 
     def _forward_logprobs(self, batch: PackedBatch) -> torch.Tensor:
-        out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                         position_ids=batch.position_ids, logits_to_keep=batch.logits_to_keep,
-                         use_cache=False)
-        logits = out.logits[:, :-1, :]
-        return completion_logprobs(logits, batch.targets, self.config.loss.temperature)
+        return batch_logprobs(self.model, batch, self.config.loss.temperature,
+                              self.config.share_prompt)
 
     def step(self, groups: list[RolloutGroup],
              audit: list[RolloutGroup] | None = None) -> dict[str, float]:
@@ -168,11 +165,9 @@ class Learner:
                "cross": StatAccumulator()}
         # local, external token-aligned, external cross-tokenizer: never mixed in a batch
         for local, cross in ((True, False), (False, False), (False, True)):
-            part = sorted((s for s in samples if s.local == local
-                           and (s.gen_sequence_logprob is not None) == cross),
-                          key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-            for i in range(0, len(part), cfg.micro_batch_size):
-                mb = part[i : i + cfg.micro_batch_size]
+            part = [s for s in samples
+                    if s.local == local and (s.gen_sequence_logprob is not None) == cross]
+            for mb in micro_batches(part, cfg.micro_batch_size, cfg.share_prompt):
                 batch = pack(mb, self.pad_token_id)
                 t1 = time.perf_counter()
                 lp_theta = self._forward_logprobs(batch)
@@ -224,10 +219,8 @@ class Learner:
         samples = [Sample(g.prompt_ids, ids, lps, 0.0, False, g.sender, None)
                    for g in groups if g.gen_logprobs is not None
                    for ids, lps in zip(g.completions, g.gen_logprobs, strict=True)]
-        samples.sort(key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
         with torch.no_grad():
-            for i in range(0, len(samples), cfg.micro_batch_size):
-                mb = samples[i : i + cfg.micro_batch_size]
+            for mb in micro_batches(samples, cfg.micro_batch_size, cfg.share_prompt):
                 batch = pack(mb, self.pad_token_id)
                 lp_theta = self._forward_logprobs(batch)
                 assert batch.gen_logprobs is not None  # token-aligned samples only
