@@ -88,6 +88,8 @@ NOT_EXPOSED: dict[str, str] = {
     "LearnerConfig.max_grad_norm": "the paper's optimiser (clip at 1.0)",
     "LearnerConfig.scale_advantages_by_std": "GRPO's advantages, always scaled",
     "LearnerConfig.adam_betas": "the paper's optimiser",
+    "LearnerConfig.share_prompt": "always on: the same log-probs and gradient in less time "
+                                  "(docs/learner.md)",
     "SamplingSettings.top_p": "training rollouts sample the full distribution",
     "SamplingSettings.top_k": "training rollouts sample the full distribution",
 }
