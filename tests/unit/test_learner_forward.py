@@ -103,3 +103,18 @@ def test_micro_batches_keep_one_prompt_each_by_completion_length():
         [4, 5, 6, 6], [7, 9]]
     with pytest.raises(ValueError, match="micro-batch size 0"):
         micro_batches(s, 0, by_prompt=True)
+
+
+def test_a_model_that_keeps_no_cache_runs_whole_rows():
+    """Under activation checkpointing transformers returns no cache while training; the
+    forward then runs every row with its prompt and still gives the whole rows' values."""
+    torch.manual_seed(0)
+    model = _llama().double().train()
+    model.gradient_checkpointing_enable()
+    samples = _samples([11, 12, 13, 14], (3, 5))
+    batch = pack(samples, 0)
+    got = batch_logprobs(model, batch, 1.0, share_prompt=True)
+    expected = _whole_rows(model, samples, 1.0)
+    for i, s in enumerate(samples):
+        torch.testing.assert_close(got[i, : len(s.completion_ids)], expected[i],
+                                   atol=1e-10, rtol=0)
