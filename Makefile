@@ -110,7 +110,9 @@ bench: bench-learner
 
 # FTIS vs TRL's GRPOTrainer (same model, dtype; CPU, 1 torch thread), measured in the same
 # run: one learner step at a fixed shape, then one demo round (generation + learner step
-# at make demo's shape); median time and peak-memory ratios + breakdowns (~10 min).
+# at make demo's shape); median time and peak-memory ratios + breakdowns (~10 min). Then
+# the learner's forward + backward with each group's prompt run once against whole rows,
+# alternating (ratio with a t-interval; ~4 min).
 bench-learner: setup
 	$(PIP) -e "lab[bench]"
 	$(BIN)/python bench/learner_vs_trl.py --reps 3 --threads 1
