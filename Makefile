@@ -144,7 +144,9 @@ bench-soak: setup
 
 # The experiments of docs/results.md (E, F) and docs/merit.md, in the order the issues
 # need them, each resumed from its committed raw results when there (finished cells are
-# rebuilt from the rows, not run again: --restore-from), then its finished rows collected
+# rebuilt from the rows, not run again: --restore-from), and from the other experiments'
+# results the cells it shares with them under the same settings (the solo__* cells:
+# --restore-shared-from), then its finished rows collected
 # back into experiments/results/ID and the tables regenerated. Hours to days on a CPU:
 # stop it any time and run it again; commit experiments/results/ and docs/ as it goes.
 # The main matrix ftis_methods (12 seeds, every partner) comes last. LEGACY=1 adds A-D.
@@ -152,6 +154,9 @@ EXPERIMENTS := ftis_power_pilot ftis_hot_partner ftis_hot_partner_gates sapo_pee
 	ftis_qlora_partner ftis_drifted_partner
 experiment-%: setup
 	restore=; [ -d experiments/results/$* ] && restore="--restore-from experiments/results/$*"; \
+	for id in $(EXPERIMENTS) ftis_methods; do \
+		if [ $$id != $* ] && [ -d experiments/results/$$id ]; then \
+			restore="$$restore --restore-shared-from experiments/results/$$id"; fi; done; \
 	$(BIN)/ftis-lab experiment --config experiments/$*.json --out runs/ftis_methods $$restore
 	$(BIN)/ftis-lab experiment --config experiments/$*.json --out runs/ftis_methods \
 		--collect-to experiments/results/$*

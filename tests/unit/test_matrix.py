@@ -22,6 +22,7 @@ from ftis.lab.experiment.matrix import (
     coordinator_config,
     merge_args,
     restore_finished,
+    restore_shared,
     run_cell,
     run_experiment,
     write_results,
@@ -498,6 +499,68 @@ def test_cli_restore_from_rebuilds_then_runs_the_rest_and_refuses_another_config
                                    str(tmp_path / "full")])
     assert got.exit_code == ExitCode.USAGE and "1 cells not finished" in got.output
     assert len((tmp_path / "full" / "results.jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_restore_shared_rebuilds_only_the_cells_another_experiment_ran_alike(
+        tmp_path, fake_launch):
+    """Another experiment's results rebuild the cells both configs run with equal
+    settings (the solo cells), never its own partnered cells nor a solo cell whose
+    learner flags differ; the resumed run launches only the rest, and the shared cells'
+    rows are the other experiment's rows."""
+    solo = {"name": "alone_batch_matched", "method": "on_policy", "local": 4,
+            "partners": False}
+    first = arms_config(id="first", seeds=[0, 1], arms=[
+        solo, {"name": "tis", "method": "tis", "local": 2, "external": 2}])
+    run_experiment(first, tmp_path / "first")
+    rows, evals, _ = collect_finished(first, tmp_path / "first")
+    write_results(first, rows, evals, tmp_path / "committed")
+
+    second = arms_config(id="second", seeds=[0, 1], arms=[
+        solo, {"name": "nois", "method": "nois", "local": 2, "external": 2}])
+    new = tmp_path / "new"
+    assert restore_shared(second, tmp_path / "committed", new) == 2
+    assert sorted(p.name for p in (new / "cells").iterdir()) == [
+        "solo__alone_batch_matched__s0", "solo__alone_batch_matched__s1"]
+    launched = len(fake_launch)
+    run_experiment(second, new)
+    assert sorted(c["out"].name for c in fake_launch[launched:]) == [
+        "hot__nois__s0", "hot__nois__s1"]
+    got, _, _ = collect_finished(second, new)
+    solo_rows = [r for r in rows if r["cell"].startswith("solo__")]
+    assert [r for r in got if r["cell"].startswith("solo__")] == solo_rows
+
+    # the same cell names, but the learner's flags differ: nothing is shared
+    hot = json.loads(json.dumps(HOT))
+    hot["clients"][0]["learning_rate"] = 3e-5
+    third = arms_config(id="third", seeds=[0, 1], pairings=[hot], arms=[solo])
+    assert {c["name"] for c in cells(third)} <= {r["cell"] for r in rows}
+    assert restore_shared(third, tmp_path / "committed", tmp_path / "x") == 0
+    with pytest.raises(ValueError, match="no config.json"):
+        restore_shared(second, tmp_path / "nothing", tmp_path / "x")
+
+
+def test_cli_restore_shared_from_without_running(tmp_path, fake_launch):
+    """``--restore-shared-from DIR --no-run`` fills --out and launches nothing."""
+    from typer.testing import CliRunner
+
+    from ftis.lab.cli.main import app
+
+    solo = {"name": "alone", "method": "on_policy", "local": 2, "partners": False}
+    first = arms_config(id="first", seeds=[0], arms=[
+        solo, {"name": "tis", "method": "tis", "local": 2, "external": 2}])
+    run_experiment(first, tmp_path / "first")
+    rows, evals, _ = collect_finished(first, tmp_path / "first")
+    write_results(first, rows, evals, tmp_path / "committed")
+    config = tmp_path / "second.json"
+    config.write_text(arms_config(id="second", seeds=[0], arms=[solo]).model_dump_json())
+    launched = len(fake_launch)
+    got = CliRunner().invoke(app, ["experiment", "--config", str(config), "--out",
+                                   str(tmp_path / "new"), "--restore-shared-from",
+                                   str(tmp_path / "committed"), "--no-run"])
+    assert got.exit_code == 0, got.output
+    assert "restored 1 shared finished cells" in got.output
+    assert len(fake_launch) == launched
+    assert (tmp_path / "new" / "cells" / "solo__alone__s0" / "DONE").exists()
 
 
 # ------------------------------------------------------------------- arms analysis

@@ -26,6 +26,15 @@ def experiment(
              "holds (experiments/results/ID, or --collect-to of a run elsewhere); it must "
              "come from the same config",
     )] = None,
+    restore_shared_from: Annotated[list[Path] | None, typer.Option(
+        help="first rebuild under --out the finished cells of another experiment's "
+             "results folder that are cells of this config with the same settings (the "
+             "shared solo__* cells); repeatable",
+    )] = None,
+    run: Annotated[bool, typer.Option(
+        "--run/--no-run", help="--no-run: restore only, run no cell (e.g. to fill the "
+                               "folder of a run started from a pinned checkout)",
+    )] = True,
 ) -> None:
     """Methods × seeds × pairings × local/external mixes, each cell a real local swarm
     (resumable, also from committed raw results)."""
@@ -36,6 +45,7 @@ def experiment(
         cells_dropped,
         collect_finished,
         restore_finished,
+        restore_shared,
         run_experiment,
         write_results,
     )
@@ -63,5 +73,14 @@ def experiment(
             console.print(f"[red]cannot restore from {restore_from}:[/red] {exc}")
             raise typer.Exit(ExitCode.USAGE) from exc
         console.print(f"restored {done} finished cells from {restore_from}")
+    for src in restore_shared_from or []:
+        try:
+            done = restore_shared(cfg, src, out)
+        except ValueError as exc:
+            console.print(f"[red]cannot restore shared cells from {src}:[/red] {exc}")
+            raise typer.Exit(ExitCode.USAGE) from exc
+        console.print(f"restored {done} shared finished cells from {src}")
+    if not run:
+        return
     summary = run_experiment(cfg, out)
     console.print(f"summary: {summary}")

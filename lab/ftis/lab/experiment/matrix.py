@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from ftis.client.learner.config import METHODS, Method
 from ftis.client.models.peft import PeftKind
@@ -531,6 +531,28 @@ def _link_checkpoint(src: Path, dst: Path) -> None:
     (dst / "latest").write_text(name)
 
 
+def _spec_extra(cfg: ExperimentConfig, cell: dict) -> dict:
+    """The evaluation and pre-phase settings of a cell's ``spec.json``."""
+    pre = {role.name: role.pretrain.model_dump() for _, role in cell["roles"]
+           if role.role == "partner" and role.pretrain}
+    return {"eval": cfg.eval.model_dump() if cfg.eval_every else None, "pretrain": pre}
+
+
+def cell_specs(cfg: ExperimentConfig) -> dict[str, dict]:
+    """Every cell's name -> the settings :func:`run_cell` writes to its ``spec.json``
+    (client flags, coordinator, evaluation, pre-phases; the cell folder as ``{cell}``).
+    Two configs run the same cell exactly when a name maps to equal specs in both."""
+    here = Path("cells")
+    out = {}
+    for cell in cells(cfg):
+        cdir = here / cell["name"]
+        args = {role.name: client_args(cfg, cell, role, k, cdir / "eval.json")
+                for k, role in cell["roles"]}
+        out[cell["name"]] = cell_spec(cdir, coordinator_config(cfg, cell["seed"]), args,
+                                      _spec_extra(cfg, cell))
+    return out
+
+
 def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
              on_progress: Callable[[int], None] | None = None) -> list[dict]:
     """Run one cell (skipped if ``DONE`` exists and its settings match); returns its
@@ -539,10 +561,7 @@ def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
     eval_file = cdir / "eval.json"
     args = {role.name: client_args(cfg, cell, role, k, eval_file) for k, role in cell["roles"]}
     coordinator = coordinator_config(cfg, cell["seed"])
-    pre = {role.name: role.pretrain.model_dump() for _, role in cell["roles"]
-           if role.role == "partner" and role.pretrain}
-    spec = cell_spec(cdir, coordinator, args,
-                 {"eval": cfg.eval.model_dump() if cfg.eval_every else None, "pretrain": pre})
+    spec = cell_spec(cdir, coordinator, args, _spec_extra(cfg, cell))
     label = f"cell {cell['name']}"
     if not done_or_fresh(cdir, spec, label):
         for k, role in cell["roles"]:
@@ -685,6 +704,36 @@ def restore_finished(cfg: ExperimentConfig, src: Path, out: Path) -> int:
         ValueError: ``src`` was written by another config (:func:`same_config`).
     """
     same_config(cfg.model_dump(mode="json"), src)
+    return _restore(cfg, src, out, {c["name"] for c in cells(cfg)})
+
+
+def restore_shared(cfg: ExperimentConfig, src: Path, out: Path) -> int:
+    """As :func:`restore_finished`, from the results of *another* experiment: only the
+    cells that are cells of both with equal settings (:func:`cell_specs`), e.g. the
+    partner-less ``solo__*`` cells that every partner experiment run into
+    ``runs/ftis_methods`` shares. A cell whose settings differ in any flag is never
+    restored, so nothing run with other settings is mixed in.
+
+    Returns:
+        The number of cells restored.
+
+    Raises:
+        ValueError: ``src`` has no ``config.json``, or it is not an experiment matrix.
+    """
+    path = src / "config.json"
+    if not path.exists():
+        raise ValueError(f"{src} has no config.json: not a results folder")
+    try:
+        other = ExperimentConfig.model_validate(json.loads(path.read_text()))
+    except ValidationError as exc:
+        raise ValueError(f"{src} was not written by an experiment matrix: {exc}") from exc
+    theirs = cell_specs(other)
+    shared = {n for n, spec in cell_specs(cfg).items() if theirs.get(n) == spec}
+    return _restore(cfg, src, out, shared)
+
+
+def _restore(cfg: ExperimentConfig, src: Path, out: Path, names: set[str]) -> int:
+    """Rebuild the cells of ``cfg`` named in ``names`` whose rows ``src`` holds."""
     rows: dict[str, list[dict]] = defaultdict(list)
     for r in read_jsonl(src / "results.jsonl"):
         rows[r["cell"]].append(r)
@@ -694,7 +743,8 @@ def restore_finished(cfg: ExperimentConfig, src: Path, out: Path) -> int:
     restored = 0
     for cell in cells(cfg):
         cdir = out / "cells" / cell["name"]
-        if cell["name"] not in rows or (cdir / "DONE").exists():
+        if (cell["name"] not in names or cell["name"] not in rows
+                or (cdir / "DONE").exists()):
             continue
         shutil.rmtree(cdir, ignore_errors=True)
         for _, role in cell["roles"]:
