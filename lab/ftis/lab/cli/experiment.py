@@ -66,20 +66,15 @@ def experiment(
         write_results(cfg, rows, evals, collect_to)
         console.print(f"{done} finished cells of {cfg.id or cfg.name}: {collect_to}")
         return
-    if restore_from is not None:
+    restores = [(restore_finished, restore_from, "")] if restore_from is not None else []
+    restores += [(restore_shared, src, " shared") for src in restore_shared_from or []]
+    for restore, src, kind in restores:
         try:
-            done = restore_finished(cfg, restore_from, out)
+            done = restore(cfg, src, out)
         except ValueError as exc:
-            console.print(f"[red]cannot restore from {restore_from}:[/red] {exc}")
+            console.print(f"[red]cannot restore{kind} cells from {src}:[/red] {exc}")
             raise typer.Exit(ExitCode.USAGE) from exc
-        console.print(f"restored {done} finished cells from {restore_from}")
-    for src in restore_shared_from or []:
-        try:
-            done = restore_shared(cfg, src, out)
-        except ValueError as exc:
-            console.print(f"[red]cannot restore shared cells from {src}:[/red] {exc}")
-            raise typer.Exit(ExitCode.USAGE) from exc
-        console.print(f"restored {done} shared finished cells from {src}")
+        console.print(f"restored {done}{kind} finished cells from {src}")
     if not run:
         return
     summary = run_experiment(cfg, out)
