@@ -103,3 +103,76 @@ def test_no_answer_in_time_is_busy_and_never_charged(monkeypatch: pytest.MonkeyP
     from ftis.coordinator.handlers.bundles import _UNCHARGED
 
     assert ErrorCode.VERIFICATION_BUSY in _UNCHARGED
+
+
+class _Recorder:
+    """Stands in for a worker set's ``call``: records the texts it was handed."""
+
+    def __init__(self) -> None:
+        self.texts: list[list[str]] = []
+
+    def __call__(self, fn, entry_json, texts, claimed, budget_s, timeout):  # noqa: ANN001
+        self.texts.append(list(texts))
+        return ([0.5] * len(texts), 0)
+
+
+def _recorded_pool(monkeypatch: pytest.MonkeyPatch, inline_chars: int
+                   ) -> tuple[RescoringPool, _Recorder]:
+    pool = RescoringPool(workers=1, budget_s=5.0, inline_chars=inline_chars)
+    recorder = _Recorder()
+    assert pool._pool is not None and pool._loop_workers is not None  # noqa: SLF001
+    monkeypatch.setattr(pool._pool, "call", recorder)  # noqa: SLF001
+    monkeypatch.setattr(pool._loop_workers, "call", recorder)  # noqa: SLF001
+    return pool, recorder
+
+
+def _lease_of(entry: TaskEntry) -> LeaseRecord:
+    return LeaseRecord(lease_id="l", task_id="t", node_id="n", dataset=entry.dataset,
+                       spec_index=0, entry=entry, group_size=3, max_new_tokens=8,
+                       issued_at_ms=0, deadline_ms=1)
+
+
+def test_small_bundles_on_linear_scorers_score_inline(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """At most ``inline_chars`` characters on a linear scorer: scored in the calling
+    thread (the workers never see it) with the verdict of ``verify.rescore``; one
+    character more, a scorer that parses its answer, or ``inline_chars`` = 0: the
+    workers score it."""
+    texts = ["<answer>3</answer>", "<answer>4</answer>", "3"]  # 37 characters
+    bundle = _bundle(texts, [1.0, 1.0, None])
+    pool, recorder = _recorded_pool(monkeypatch, inline_chars=37)
+    try:
+        assert pool.rescore(_lease(), bundle) == ([1.0, 0.0, 1.0], 1)  # inline
+        assert recorder.texts == []
+        longer = _bundle([*texts[:2], "3 "], [1.0, 1.0, None])  # 38 characters
+        assert pool.rescore(_lease(), longer) == ([0.5, 0.5, 0.5], 0)  # the workers'
+        sympy = TaskEntry("polynomial_equations", 0, "Solve x - 3 = 0", "3", {}, "gym")
+        assert pool.rescore(_lease_of(sympy), bundle) == ([0.5, 0.5, 0.5], 0)
+        assert recorder.texts == [[*texts[:2], "3 "], texts]
+    finally:
+        pool.close()
+    off, recorder = _recorded_pool(monkeypatch, inline_chars=0)
+    try:
+        assert off.rescore(_lease(), bundle) == ([0.5, 0.5, 0.5], 0)
+        assert recorder.texts == [texts]
+    finally:
+        off.close()
+    with pytest.raises(ValueError):
+        RescoringPool(inline_chars=-1)
+
+
+def test_the_coordinator_scores_small_bundles_inline_by_default(tmp_path) -> None:  # noqa: ANN001
+    """``rescoring_inline_chars`` reaches the pool; its default covers a G = 8 bundle of
+    1024 tokens at 4 characters per token."""
+    from ftis.coordinator.config import CoordinatorConfig
+    from ftis.coordinator.handlers.context import Context
+    from ftis.coordinator.state.sql import open_state
+
+    assert CoordinatorConfig().rescoring_inline_chars == 32_768 >= 8 * 1024 * 4
+    state = open_state(f"sqlite:///{tmp_path / 'c.db'}")
+    ctx = Context.create(CoordinatorConfig(rescoring_inline_chars=100), state)
+    try:
+        assert ctx.rescoring.inline_chars == 100
+    finally:
+        ctx.rescoring.close()
+        state.close()

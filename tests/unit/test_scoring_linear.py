@@ -322,3 +322,32 @@ def test_extraction_time_grows_linearly():
         t_short = _best_of(5, extract_answer, short, "7")
         t_long = _best_of(5, extract_answer, long, "7")
         assert t_long < 8 * 3 * t_short + 0.002, (unit, t_short, t_long)
+
+
+def test_linear_scoring_matches_the_installed_reasoning_gym():
+    """``linear_scoring`` (which re-scores the coordinator may run without a worker's
+    time budget): the ``exact`` reward always; ``gym`` only for ReasoningGYM's default
+    ``score_answer`` and the ``compute_decimal_reward`` scorers, checked against the
+    installed package's sources, so an upgrade that changes one fails here."""
+    import inspect
+
+    from reasoning_gym.dataset import ProceduralDataset
+    from reasoning_gym.factory import DATASETS
+
+    from ftis.tasks.scoring import DECIMAL_SCORERS, linear_scoring
+
+    for name in DECIMAL_SCORERS:
+        source = inspect.getsource(DATASETS[name][0].score_answer)
+        body = [line.strip() for line in source.splitlines()[1:]
+                if line.strip() and not line.strip().startswith("#")]
+        assert body == ["return utils.compute_decimal_reward(answer, "
+                        "oracle_answer=entry[\"answer\"], strip_commas=True)"], name
+        assert linear_scoring(name)
+    assert linear_scoring("gcd") and linear_scoring("basic_arithmetic")  # the default
+    assert DATASETS["gcd"][0].score_answer is ProceduralDataset.score_answer
+    for name in ("polynomial_equations", "complex_arithmetic"):  # they parse answers
+        assert DATASETS[name][0].score_answer is not ProceduralDataset.score_answer
+        assert not linear_scoring(name)
+        assert linear_scoring(name, "exact")
+    assert not linear_scoring("no_such_dataset")
+    assert not linear_scoring("chain_sum", "no_such_reward")

@@ -145,6 +145,11 @@ class CoordinatorConfig(BaseSettings):
             the serving thread).
         rescoring_budget_s: seconds one bundle's re-score may take before the bundle is
             rejected with SCORING_TIMEOUT (an honest bundle takes milliseconds).
+        rescoring_inline_chars: a bundle whose completions hold at most this many
+            characters, on a task with a linear-time scorer, is re-scored in the serving
+            thread instead of a worker (worst case about 5 ms at the default 32,768; a
+            G = 8 bundle of 1024-token completions is about 32,000); 0: every bundle goes
+            to the workers (docs/threat-model.md, "Expensive scoring").
         tokenizer_uploads_per_minute: UploadTokenizer quota per node.
         registrations_per_minute: new node ids accepted per minute, all peers together.
         registrations_per_host_per_minute: new node ids per minute from one peer host.
@@ -205,6 +210,7 @@ class CoordinatorConfig(BaseSettings):
     swarm_delay_threads: int = Field(default=256, ge=1, le=4096)
     rescoring_workers: int = Field(default=1, ge=0, le=64)
     rescoring_budget_s: float = Field(default=2.0, gt=0, le=60)
+    rescoring_inline_chars: int = Field(default=32_768, ge=0, le=1 << 20)
     tokenizer_uploads_per_minute: float = Field(default=4, gt=0)
     registrations_per_minute: float = Field(default=30, gt=0)
     registrations_per_host_per_minute: float = Field(default=10, gt=0)

@@ -25,7 +25,20 @@ reads from each worker's pipe, no thread in between); handlers in threads throug
 use; :meth:`RescoringPool.start` starts the set the listener will use. Paired A/B in
 docs/benchmarks.md ("Re-scoring workers served from the event loop").
 
-With ``workers = 0`` the score runs inline in the calling thread (tests, tiny setups),
+**Small bundles on linear scorers run inline** (``inline_chars`` > 0, the config's
+``rescoring_inline_chars``): a bundle whose completions hold at most ``inline_chars``
+characters together, on a task whose scorer is linear in the text
+(:func:`ftis.tasks.scoring.linear_scoring`: the ``exact`` reward, ReasoningGYM's default
+``score_answer`` and ``compute_decimal_reward``), is scored in the calling thread. Its
+cost is then bounded by its size, not by an alarm: the extraction's worst case is about
+10 ms per 65,536 characters (``test_adversarial_texts_score_in_under_50_ms``;
+docs/benchmarks.md has the probe at the default 32,768), the same order as the text
+check's decode that already runs there, and it saves each bundle the hand-off to a
+worker (the process hop, its pipe and the wake-ups on both sides: about 10 % of the
+coordinator's rate, docs/benchmarks.md). Larger bundles and other scorers go to the
+workers.
+
+With ``workers = 0`` every score runs inline in the calling thread (tests, tiny setups),
 still bounded by nothing but the linear-time scorer. The maths is unchanged: the same
 ``verify.rescore`` runs in either place, so pooled and inline verdicts are identical.
 """
@@ -41,6 +54,7 @@ from ftis.coordinator.state.base import LeaseRecord
 from ftis.coordinator.waiting import inline
 from ftis.coordinator.worker_pool import PoolFailed, WorkerPool
 from ftis.protocol.errors import ErrorCode, FtisError
+from ftis.tasks.scoring import linear_scoring
 from ftis.tasks.source import TaskEntry
 from ftis.v1 import bundle_pb2
 
@@ -93,18 +107,21 @@ class RescoringPool:
         loop_served: :meth:`start` starts the workers that handlers inline on the event
             loop use (``swarm_server = "aio-inline"``) rather than those of handlers in
             threads. Either set still starts on first use.
+        inline_chars: a bundle of at most this many completion characters on a linear
+            scorer is scored in the calling thread (module docstring); 0: never.
 
     Raises:
-        ValueError: ``workers < 0`` or ``budget_s <= 0``.
+        ValueError: ``workers < 0``, ``budget_s <= 0`` or ``inline_chars < 0``.
     """
 
     def __init__(self, workers: int = 1, budget_s: float = 2.0, *,
-                 loop_served: bool = False) -> None:
-        if workers < 0 or not budget_s > 0:
-            raise ValueError("workers must be >= 0 and budget_s > 0")
+                 loop_served: bool = False, inline_chars: int = 0) -> None:
+        if workers < 0 or not budget_s > 0 or inline_chars < 0:
+            raise ValueError("workers and inline_chars must be >= 0 and budget_s > 0")
         self.workers = workers
         self.budget_s = budget_s
         self.loop_served = loop_served
+        self.inline_chars = inline_chars
         self._pool = WorkerPool(workers, initializer=_init_worker) if workers else None
         self._loop_workers = (LoopWorkers(workers, initializer=_init_worker)
                               if workers else None)
@@ -132,11 +149,13 @@ class RescoringPool:
                 came within ``budget_s`` + :data:`GRACE_S`; INTERNAL when the pool broke
                 twice.
         """
-        from ftis.coordinator.verify import claims, rescore
+        from ftis.coordinator.verify import claims, rescore, rescore_texts
 
         if self._pool is None or self._loop_workers is None:
             return rescore(lease, bundle)
         texts = [c.text for c in bundle.completions]
+        if self.scores_inline(lease, texts):
+            return rescore_texts(lease.entry, texts, claims(bundle))
         workers = self._loop_workers if inline() else self._pool
         try:
             result = workers.call(score_texts, lease.entry.to_json(), texts,
@@ -152,6 +171,13 @@ class RescoringPool:
             raise FtisError(ErrorCode.SCORING_TIMEOUT,
                             f"re-scoring took longer than {self.budget_s:g} s")
         return result
+
+    def scores_inline(self, lease: LeaseRecord, texts: list[str]) -> bool:
+        """True when a bundle of ``texts`` under ``lease`` is small enough
+        (``inline_chars``) and its scorer linear, so it is scored in the calling
+        thread rather than by a worker."""
+        return (self.inline_chars > 0 and sum(map(len, texts)) <= self.inline_chars
+                and linear_scoring(lease.entry.dataset, lease.entry.reward))
 
     def close(self) -> None:
         """Stop the worker processes (idempotent)."""

@@ -203,6 +203,36 @@ def _score_fn(dataset: str) -> Callable[[str | None, dict[str, Any]], float]:
     return reasoning_gym.get_score_answer_fn(dataset)
 
 
+#: Datasets (besides those with ReasoningGYM's default ``score_answer``, ``==`` and
+#: ``in``) whose ``score_answer`` is ``compute_decimal_reward`` (``Decimal`` and ``in``):
+#: linear in the answer. ``test_linear_scoring_matches_the_installed_reasoning_gym``
+#: checks this against the installed package.
+DECIMAL_SCORERS = frozenset({"chain_sum", "products"})
+
+
+@functools.cache
+def linear_scoring(dataset: str, reward: str = "gym") -> bool:
+    """True when :func:`score_completion` of ``dataset`` under ``reward`` takes time
+    linear in the text: the extraction always does (module docstring), and then the
+    ``exact`` comparison, ReasoningGYM's default ``score_answer`` (``==`` and ``in``)
+    and ``compute_decimal_reward`` (:data:`DECIMAL_SCORERS`) are linear in the answer
+    too. False for every other scorer (some parse their answer, e.g. with sympy) and
+    for unknown datasets. Used by the coordinator to decide which re-scores may run
+    without a worker process's time budget (``rescoring.RescoringPool``)."""
+    if reward == "exact":
+        return True
+    if reward != "gym":
+        return False
+    if dataset in DECIMAL_SCORERS:
+        return True
+    from reasoning_gym.dataset import ProceduralDataset
+    from reasoning_gym.factory import DATASETS
+
+    if dataset not in DATASETS:
+        return False
+    return DATASETS[dataset][0].score_answer is ProceduralDataset.score_answer
+
+
 def exact_match(answer: str | None, oracle: str) -> bool:
     """True when an extracted answer equals the oracle answer: numerically (``"12.0"``
     equals ``"12"``, thousands separators ignored) when both are numbers, otherwise as

@@ -287,7 +287,8 @@ class Context:
             tokenizers=TokenizerCache(state, config.tokenizer_cache_size,
                                       config.max_tokenizer_json_bytes),
             rescoring=RescoringPool(config.rescoring_workers, config.rescoring_budget_s,
-                                    loop_served=config.swarm_server == "aio-inline"),
+                                    loop_served=config.swarm_server == "aio-inline",
+                                    inline_chars=config.rescoring_inline_chars),
             spot_checks=(SpotChecker(config.spot_checks) if config.spot_checks.enabled
                          else None),
         )
