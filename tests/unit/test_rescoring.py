@@ -21,9 +21,9 @@ from ftis.v1 import bundle_pb2
 ENTRY = TaskEntry("chain_sum", 0, "State the final answer: 4 - 1 =", "3", {}, "exact")
 
 
-def _lease() -> LeaseRecord:
-    return LeaseRecord(lease_id="l", task_id="t", node_id="n", dataset="chain_sum",
-                       spec_index=0, entry=ENTRY, group_size=3, max_new_tokens=8,
+def _lease(entry: TaskEntry = ENTRY) -> LeaseRecord:
+    return LeaseRecord(lease_id="l", task_id="t", node_id="n", dataset=entry.dataset,
+                       spec_index=0, entry=entry, group_size=3, max_new_tokens=8,
                        issued_at_ms=0, deadline_ms=1)
 
 
@@ -126,12 +126,6 @@ def _recorded_pool(monkeypatch: pytest.MonkeyPatch, inline_chars: int
     return pool, recorder
 
 
-def _lease_of(entry: TaskEntry) -> LeaseRecord:
-    return LeaseRecord(lease_id="l", task_id="t", node_id="n", dataset=entry.dataset,
-                       spec_index=0, entry=entry, group_size=3, max_new_tokens=8,
-                       issued_at_ms=0, deadline_ms=1)
-
-
 def test_small_bundles_on_linear_scorers_score_inline(monkeypatch: pytest.MonkeyPatch
                                                        ) -> None:
     """At most ``inline_chars`` characters on a linear scorer: scored in the calling
@@ -147,7 +141,7 @@ def test_small_bundles_on_linear_scorers_score_inline(monkeypatch: pytest.Monkey
         longer = _bundle([*texts[:2], "3 "], [1.0, 1.0, None])  # 38 characters
         assert pool.rescore(_lease(), longer) == ([0.5, 0.5, 0.5], 0)  # the workers'
         sympy = TaskEntry("polynomial_equations", 0, "Solve x - 3 = 0", "3", {}, "gym")
-        assert pool.rescore(_lease_of(sympy), bundle) == ([0.5, 0.5, 0.5], 0)
+        assert pool.rescore(_lease(sympy), bundle) == ([0.5, 0.5, 0.5], 0)
         assert recorder.texts == [[*texts[:2], "3 "], texts]
     finally:
         pool.close()

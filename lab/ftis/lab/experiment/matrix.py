@@ -531,26 +531,27 @@ def _link_checkpoint(src: Path, dst: Path) -> None:
     (dst / "latest").write_text(name)
 
 
-def _spec_extra(cfg: ExperimentConfig, cell: dict) -> dict:
-    """The evaluation and pre-phase settings of a cell's ``spec.json``."""
+def cell_settings(cfg: ExperimentConfig, cell: dict, cdir: Path
+                  ) -> tuple[dict[str, list[str]], dict, dict]:
+    """A cell's client flags (by role), coordinator ``--config`` and the settings
+    :func:`run_cell` writes to its ``spec.json`` (the cell folder ``cdir`` as
+    ``{cell}``): what decides whether two runs ran the same cell."""
+    args = {role.name: client_args(cfg, cell, role, k, cdir / "eval.json")
+            for k, role in cell["roles"]}
+    coordinator = coordinator_config(cfg, cell["seed"])
     pre = {role.name: role.pretrain.model_dump() for _, role in cell["roles"]
            if role.role == "partner" and role.pretrain}
-    return {"eval": cfg.eval.model_dump() if cfg.eval_every else None, "pretrain": pre}
+    spec = cell_spec(cdir, coordinator, args,
+                     {"eval": cfg.eval.model_dump() if cfg.eval_every else None,
+                      "pretrain": pre})
+    return args, coordinator, spec
 
 
 def cell_specs(cfg: ExperimentConfig) -> dict[str, dict]:
-    """Every cell's name -> the settings :func:`run_cell` writes to its ``spec.json``
-    (client flags, coordinator, evaluation, pre-phases; the cell folder as ``{cell}``).
-    Two configs run the same cell exactly when a name maps to equal specs in both."""
-    here = Path("cells")
-    out = {}
-    for cell in cells(cfg):
-        cdir = here / cell["name"]
-        args = {role.name: client_args(cfg, cell, role, k, cdir / "eval.json")
-                for k, role in cell["roles"]}
-        out[cell["name"]] = cell_spec(cdir, coordinator_config(cfg, cell["seed"]), args,
-                                      _spec_extra(cfg, cell))
-    return out
+    """Every cell's name -> its ``spec.json`` settings (:func:`cell_settings`). Two
+    configs run the same cell exactly when a name maps to equal specs in both."""
+    return {cell["name"]: cell_settings(cfg, cell, Path("cells") / cell["name"])[2]
+            for cell in cells(cfg)}
 
 
 def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
@@ -559,9 +560,7 @@ def run_cell(cfg: ExperimentConfig, cell: dict, out: Path,
     result rows."""
     cdir = out / "cells" / cell["name"]
     eval_file = cdir / "eval.json"
-    args = {role.name: client_args(cfg, cell, role, k, eval_file) for k, role in cell["roles"]}
-    coordinator = coordinator_config(cfg, cell["seed"])
-    spec = cell_spec(cdir, coordinator, args, _spec_extra(cfg, cell))
+    args, coordinator, spec = cell_settings(cfg, cell, cdir)
     label = f"cell {cell['name']}"
     if not done_or_fresh(cdir, spec, label):
         for k, role in cell["roles"]:
@@ -651,6 +650,18 @@ def collect_finished(cfg: ExperimentConfig, out: Path) -> tuple[list[dict], list
     return rows, evals, done
 
 
+def results_config(src: Path) -> dict:
+    """``src/config.json`` of a results folder (``--collect-to``).
+
+    Raises:
+        ValueError: ``src`` has no ``config.json``.
+    """
+    path = src / "config.json"
+    if not path.exists():
+        raise ValueError(f"{src} has no config.json: not a results folder")
+    return dict(json.loads(path.read_text()))
+
+
 def same_config(current: dict, src: Path) -> None:
     """Check that the results folder ``src`` was written by the config ``current`` (its
     ``model_dump(mode="json")``): ``src/config.json`` must equal it in every setting.
@@ -658,10 +669,7 @@ def same_config(current: dict, src: Path) -> None:
     Raises:
         ValueError: ``src`` has no ``config.json``, or it differs (the keys are named).
     """
-    path = src / "config.json"
-    if not path.exists():
-        raise ValueError(f"{src} has no config.json: not a results folder")
-    old = json.loads(path.read_text())
+    old = results_config(src)
     cur = json.loads(json.dumps(current))
     if old != cur:
         keys = sorted(k for k in set(old) | set(cur) if old.get(k) != cur.get(k))
@@ -720,11 +728,8 @@ def restore_shared(cfg: ExperimentConfig, src: Path, out: Path) -> int:
     Raises:
         ValueError: ``src`` has no ``config.json``, or it is not an experiment matrix.
     """
-    path = src / "config.json"
-    if not path.exists():
-        raise ValueError(f"{src} has no config.json: not a results folder")
     try:
-        other = ExperimentConfig.model_validate(json.loads(path.read_text()))
+        other = ExperimentConfig.model_validate(results_config(src))
     except ValidationError as exc:
         raise ValueError(f"{src} was not written by an experiment matrix: {exc}") from exc
     theirs = cell_specs(other)
