@@ -50,6 +50,7 @@ class ExitCode:
     CLIENT_SWARM_FAILED = 54
     CLIENT_FALSE_POSITIVE = 55
     CLIENT_SERVICE = 56
+    CLIENT_DEVICE_UNAVAILABLE = 57
 
     # ftis-admin (80-99)
     ADMIN_UNREACHABLE = 80
@@ -140,6 +141,11 @@ EXIT_CODE_HELP: dict[int, str] = {
         "`--autostart` or setup.exe's \"Start at login\" writes one), or the platform's "
         "service manager is not reachable here (e.g. no `systemd --user` session) or "
         "refused the command; the message names the command and its answer."
+    ),
+    ExitCode.CLIENT_DEVICE_UNAVAILABLE: (
+        "`start --device cuda` (or `cuda:N`): no such CUDA GPU is visible to the client "
+        "(torch built without CUDA, no driver, the `use_gpu = false` setting hides them, "
+        "or N is out of range); `--device auto`, the default, falls back to the CPU."
     ),
     # ftis-admin (80-99)
     ExitCode.ADMIN_UNREACHABLE: (

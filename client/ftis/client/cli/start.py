@@ -102,14 +102,21 @@ def check_memory(cfg: ClientConfig) -> int:
     return ExitCode.OK
 
 
-def round_memory_guard(cfg: ClientConfig, on_wait: Callable[..., Any] | None = None
-                       ) -> RoundMemoryGuard | None:
+def round_memory_guard(cfg: ClientConfig, on_wait: Callable[..., Any] | None = None,
+                       device: str = "cpu") -> RoundMemoryGuard | None:
     """A :class:`~ftis.client.node.memory.RoundMemoryGuard` for ``cfg``'s round shape
     (the larger of its generation and learning peaks, ``--max-memory`` as the cap), or
-    ``None`` (logged) when the model's config cannot be read for an estimate."""
+    ``None`` (logged) when the model's config cannot be read for an estimate, or when
+    the model runs on a GPU (``device`` not ``"cpu"``): the estimate is of the host
+    memory a CPU round holds, while on a GPU the weights, activations and optimizer
+    state live in its memory, and torch raises ``OutOfMemoryError`` there."""
     from ftis.client.models.registry import ModelNotFoundError
     from ftis.client.node.memory import RoundMemoryGuard, estimate_for_config, round_peak
 
+    if device != "cpu":
+        logging.getLogger(__name__).info("the model runs on %s: rounds start without the "
+                                         "host-memory check", device)
+        return None
     try:
         needed, phase = round_peak(estimate_for_config(cfg))
     except (ModelNotFoundError, OSError, ValueError) as exc:
@@ -150,7 +157,12 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
     from ftis.client.models.registry import ModelNotFoundError
     from ftis.client.node.memory import RoundMemoryError
     from ftis.client.node.runner import VolunteerNode
-    from ftis.client.node.runtime import configure_runtime, seconds_since_process_start
+    from ftis.client.node.runtime import (
+        DeviceUnavailableError,
+        configure_runtime,
+        resolve_device,
+        seconds_since_process_start,
+    )
     from ftis.client.settings.gate import RoundGate, apply_settings, node_state
     from ftis.client.settings.model import resolve_settings
     from ftis.client.swarm.connection import RetryPolicy, SwarmConnection
@@ -158,12 +170,17 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
     from ftis.protocol.identity import NodeIdentity
 
     configure_runtime(cfg, use_gpu=resolve_settings(setting_flags).settings.use_gpu)
+    try:
+        device = resolve_device(cfg.device)
+    except DeviceUnavailableError as exc:
+        console.print(f"[red]device unavailable:[/red] {exc}", soft_wrap=True)
+        return ExitCode.CLIENT_DEVICE_UNAVAILABLE
     identity = NodeIdentity.load_or_create(cfg.key_file)
     console.print(f"node [bold]{identity.node_id}[/bold] (key {cfg.key_file})")
     try:
-        with console.status(f"loading {cfg.model} ({cfg.peft})"):
+        with console.status(f"loading {cfg.model} ({cfg.peft}) on {device}"):
             policy = load_policy(cfg.model, peft=cfg.peft, lora=cfg.lora_settings,
-                                 double_quant=cfg.qlora_double_quant)
+                                 double_quant=cfg.qlora_double_quant, device=device)
     except ModelNotFoundError as exc:
         console.print(f"[red]model not found:[/red] {exc}")
         return ExitCode.CLIENT_MODEL_NOT_FOUND
@@ -171,7 +188,7 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
     card = policy.card
     console.print(f"model {card.base_model}: {card.parameter_count:,} parameters, "
                   f"{card.trainable_parameter_count:,} trainable ({card.peft}), "
-                  f"tokenizer {card.tokenizer_fingerprint[:12]}")
+                  f"tokenizer {card.tokenizer_fingerprint[:12]}, on {device}")
     conn = SwarmConnection(cfg.coordinator, identity, card,
                            display_name=cfg.display_name or f"{cfg.model}/{cfg.peft}",
                            tokenizer_json=policy.tokenizer_json,
@@ -224,7 +241,7 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
                 else:
                     on_pause(Decision(may_run=False, reasons=(decision.reason,)))
 
-            guard = round_memory_guard(cfg, on_memory_wait)
+            guard = round_memory_guard(cfg, on_memory_wait, device)
             if guard is not None:  # a long wait for memory re-checks the pause settings
                 guard.recheck = gate
 

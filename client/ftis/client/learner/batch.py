@@ -4,7 +4,7 @@ training batches. The groups they come from are
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -65,6 +65,21 @@ class PackedBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.completion_mask.sum())
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """This batch with every tensor on ``device`` (the learner's model's, e.g.
+        ``"cuda"``); :func:`pack` builds batches on the CPU. Tensors already there are
+        not copied."""
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return replace(
+            self, input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            position_ids=self.position_ids.to(device), targets=self.targets.to(device),
+            completion_mask=self.completion_mask.to(device),
+            gen_logprobs=move(self.gen_logprobs), advantages=self.advantages.to(device),
+            gen_sequence_logprobs=move(self.gen_sequence_logprobs))
 
 
 def pack(samples: list[Sample], pad_token_id: int) -> PackedBatch:

@@ -52,7 +52,8 @@ def batch_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: floa
     # completion position t predicts token t + 1; the last one predicts nothing
     tail = model(input_ids=batch.input_ids[:, p:], attention_mask=batch.attention_mask,
                  position_ids=batch.position_ids[:, p:], past_key_values=cache,
-                 use_cache=True, logits_to_keep=torch.arange(k - 1))
+                 use_cache=True,
+                 logits_to_keep=torch.arange(k - 1, device=batch.input_ids.device))
     return completion_logprobs(torch.cat([first, tail.logits], dim=1), batch.targets,
                                temperature)
 

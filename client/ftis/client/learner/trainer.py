@@ -67,6 +67,8 @@ class Learner:
             self.params, lr=config.learning_rate, betas=config.adam_betas,
             weight_decay=config.weight_decay,
         )
+        #: where the trainable parameters live; batches are moved there
+        self.device = self.params[0].device
         self.updates = 0
         #: per external sender, statistics of the last step (receiver feedback, DESIGN §3.7)
         self.sender_stats: dict[str, SenderStats] = {}
@@ -168,7 +170,7 @@ class Learner:
             part = [s for s in samples
                     if s.local == local and (s.gen_sequence_logprob is not None) == cross]
             for mb in micro_batches(part, cfg.micro_batch_size, cfg.share_prompt):
-                batch = pack(mb, self.pad_token_id)
+                batch = pack(mb, self.pad_token_id).to(self.device)
                 t1 = time.perf_counter()
                 lp_theta = self._forward_logprobs(batch)
                 if batch.gen_sequence_logprobs is not None:
@@ -221,7 +223,7 @@ class Learner:
                    for ids, lps in zip(g.completions, g.gen_logprobs, strict=True)]
         with torch.no_grad():
             for mb in micro_batches(samples, cfg.micro_batch_size, cfg.share_prompt):
-                batch = pack(mb, self.pad_token_id)
+                batch = pack(mb, self.pad_token_id).to(self.device)
                 lp_theta = self._forward_logprobs(batch)
                 assert batch.gen_logprobs is not None  # token-aligned samples only
                 out = policy_loss(lp_theta, lp_theta, batch.gen_logprobs, batch.advantages,

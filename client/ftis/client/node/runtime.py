@@ -28,6 +28,52 @@ def configure_runtime(cfg: ClientConfig, use_gpu: bool = True) -> None:
     torch.manual_seed(cfg.seed)
 
 
+class DeviceUnavailableError(ValueError):
+    """The requested CUDA device is not visible to this process."""
+
+
+def choose_device(requested: str, cuda_devices: int) -> str:
+    """The torch device a node runs on, from the ``device`` setting.
+
+    Args:
+        requested: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``
+            (:attr:`~ftis.client.node.config.ClientConfig.device`).
+        cuda_devices: CUDA devices visible to this process (0 when torch has no CUDA,
+            no driver is found, or ``use_gpu = false`` hid them).
+
+    Returns:
+        ``"cpu"``, ``"cuda"`` (the first visible GPU; ``"auto"`` with one or more) or
+        ``"cuda:N"``.
+
+    Raises:
+        DeviceUnavailableError: ``cuda`` with no visible GPU, or ``cuda:N`` with N at or
+            above ``cuda_devices``.
+        ValueError: any other ``requested`` value.
+    """
+    if requested == "cpu":
+        return "cpu"
+    if requested == "auto":
+        return "cuda" if cuda_devices > 0 else "cpu"
+    if requested == "cuda" or requested.startswith("cuda:"):
+        index = 0 if requested == "cuda" else int(requested.split(":", 1)[1])
+        if index >= cuda_devices:
+            seen = (f"{cuda_devices} CUDA device(s) visible" if cuda_devices else
+                    "no CUDA device is visible (torch without CUDA, no driver, or the "
+                    "use_gpu setting is false)")
+            raise DeviceUnavailableError(f"device {requested!r} requested but {seen}")
+        return requested
+    raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {requested!r}")
+
+
+def resolve_device(requested: str) -> str:
+    """:func:`choose_device` for the CUDA devices torch sees now (call it after
+    :func:`configure_runtime`, which may hide them)."""
+    import torch
+
+    return choose_device(requested,
+                         torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
 def set_threads(threads: int | None) -> None:
     """Set torch's CPU threads (``threads`` setting) between rounds; ``None``: leave them."""
     if threads:
