@@ -114,3 +114,14 @@ def test_a_learner_step_on_cuda_matches_the_cpu_and_updates_the_weights(model_di
         assert moments["exp_avg"].device.type == "cuda"
         assert torch.equal(moments["exp_avg"], learner.optimizer.state[p]["exp_avg"])
     assert other_learner.step(groups)["updated"] == 1.0
+
+
+def test_the_device_setting_sees_the_gpu_and_its_memory():
+    from ftis.client.node.runtime import resolve_device
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert resolve_device("auto") == ("cuda", "")
+    assert resolve_device("auto", needed=total // 2) == ("cuda", "")
+    device, note = resolve_device("auto", needed=total + 1)
+    assert device == "cpu" and "more than the GPU's" in note
+    assert resolve_device("cuda:0", needed=total + 1) == ("cuda:0", "")

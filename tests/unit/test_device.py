@@ -12,30 +12,56 @@ from ftis.client.node.config import ClientConfig
 from ftis.client.node.runtime import DeviceUnavailableError, choose_device
 from ftis.protocol.exit_codes import ExitCode
 
+GiB = 2**30
 
-@pytest.mark.parametrize(("requested", "visible", "expected"), [
-    ("auto", 0, "cpu"),
-    ("auto", 1, "cuda"),
-    ("auto", 4, "cuda"),
-    ("cpu", 0, "cpu"),
-    ("cpu", 2, "cpu"),
-    ("cuda", 1, "cuda"),
-    ("cuda:0", 1, "cuda:0"),
-    ("cuda:3", 4, "cuda:3"),
+
+@pytest.mark.parametrize(("requested", "memory", "expected"), [
+    ("auto", [], "cpu"),
+    ("auto", [8 * GiB], "cuda"),
+    ("auto", [8 * GiB] * 4, "cuda"),
+    ("cpu", [], "cpu"),
+    ("cpu", [8 * GiB] * 2, "cpu"),
+    ("cuda", [8 * GiB], "cuda"),
+    ("cuda:0", [8 * GiB], "cuda:0"),
+    ("cuda:3", [8 * GiB] * 4, "cuda:3"),
 ])
-def test_choose_device(requested, visible, expected):
-    assert choose_device(requested, visible) == expected
+def test_choose_device(requested, memory, expected):
+    assert choose_device(requested, memory) == (expected, "")
+    # a round that fits changes nothing
+    assert choose_device(requested, memory, needed=GiB) == (expected, "")
 
 
-@pytest.mark.parametrize(("requested", "visible", "says"), [
-    ("cuda", 0, "no CUDA device is visible"),
-    ("cuda:0", 0, "no CUDA device is visible"),
-    ("cuda:1", 1, "1 CUDA device(s) visible"),
+def test_auto_keeps_a_round_that_does_not_fit_the_gpu_on_the_cpu():
+    device, note = choose_device("auto", [4 * GiB], needed=6 * GiB)
+    assert device == "cpu"
+    assert note.startswith("a round needs about 6.0 GiB, more than the GPU's 4.0 GiB")
+    assert choose_device("auto", [4 * GiB], needed=4 * GiB) == ("cuda", "")  # exactly fits
+    # asked for by name, the GPU is used whatever the estimate says
+    assert choose_device("cuda", [4 * GiB], needed=6 * GiB) == ("cuda", "")
+
+
+@pytest.mark.parametrize(("requested", "memory", "says"), [
+    ("cuda", [], "no CUDA device is visible"),
+    ("cuda:0", [], "no CUDA device is visible"),
+    ("cuda:1", [8 * GiB], "1 CUDA device(s) visible"),
 ])
-def test_a_cuda_device_that_is_not_there_is_refused(requested, visible, says):
+def test_a_cuda_device_that_is_not_there_is_refused(requested, memory, says):
     with pytest.raises(DeviceUnavailableError, match=r"requested but") as err:
-        choose_device(requested, visible)
+        choose_device(requested, memory)
     assert says in str(err.value)
+
+
+def test_the_device_need_leaves_the_host_baseline_out():
+    from ftis.client.node.memory import MemoryEstimate, device_round_peak
+
+    estimate = MemoryEstimate(phases={
+        "load": {"baseline": 500, "weights": 9000},
+        "generation": {"baseline": 500, "weights": 1000, "kv_cache": 300},
+        "learning": {"baseline": 500, "weights": 1000, "optimizer": 3000, "logits": 700},
+    }, phase="load")
+    # the larger round phase is learning (5200 bytes), less its 500 bytes of baseline;
+    # loading (once, before the first round) does not count
+    assert device_round_peak(estimate) == 4700
 
 
 def test_the_setting_accepts_only_the_documented_forms():
@@ -45,7 +71,7 @@ def test_the_setting_accepts_only_the_documented_forms():
         with pytest.raises(ValidationError):
             ClientConfig(device=bad)
     with pytest.raises(ValueError, match="auto, cpu, cuda or cuda:N"):
-        choose_device("gpu", 1)
+        choose_device("gpu", [GiB])
 
 
 def test_a_packed_batch_moves_every_tensor_and_keeps_its_shape():

@@ -102,6 +102,24 @@ def check_memory(cfg: ClientConfig) -> int:
     return ExitCode.OK
 
 
+def device_need(cfg: ClientConfig) -> int | None:
+    """Estimated bytes a round of ``cfg`` needs on a GPU
+    (:func:`~ftis.client.node.memory.device_round_peak`), for ``--device auto``'s choice;
+    ``None`` when the device is given, no GPU is visible, or the model's config cannot
+    be read."""
+    import torch
+
+    from ftis.client.models.registry import ModelNotFoundError
+    from ftis.client.node.memory import device_round_peak, estimate_for_config
+
+    if cfg.device != "auto" or not torch.cuda.is_available():
+        return None
+    try:
+        return device_round_peak(estimate_for_config(cfg))
+    except (ModelNotFoundError, OSError, ValueError):
+        return None
+
+
 def round_memory_guard(cfg: ClientConfig, on_wait: Callable[..., Any] | None = None,
                        device: str = "cpu") -> RoundMemoryGuard | None:
     """A :class:`~ftis.client.node.memory.RoundMemoryGuard` for ``cfg``'s round shape
@@ -171,10 +189,12 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
 
     configure_runtime(cfg, use_gpu=resolve_settings(setting_flags).settings.use_gpu)
     try:
-        device = resolve_device(cfg.device)
+        device, note = resolve_device(cfg.device, device_need(cfg))
     except DeviceUnavailableError as exc:
         console.print(f"[red]device unavailable:[/red] {exc}", soft_wrap=True)
         return ExitCode.CLIENT_DEVICE_UNAVAILABLE
+    if note:
+        console.print(f"[yellow]{note}[/yellow]", soft_wrap=True)
     identity = NodeIdentity.load_or_create(cfg.key_file)
     console.print(f"node [bold]{identity.node_id}[/bold] (key {cfg.key_file})")
     try:

@@ -181,8 +181,8 @@ class ClientConfig(BaseSettings):
     threads: int | None = Field(None, ge=1, description="torch CPU threads")
     device: str = Field(
         "auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$", description="where the model "
-        "generates and learns: auto (the first visible CUDA GPU, else the CPU), cpu, cuda "
-        "or cuda:N")
+        "generates and learns: auto (the first visible CUDA GPU when a round's estimated "
+        "peak fits in its memory, else the CPU), cpu, cuda or cuda:N")
     display_name: str = Field("", description="name shown to the operator (default "
                               "MODEL/PEFT)")
     max_outage: float = Field(

@@ -491,6 +491,14 @@ def round_peak(estimate: MemoryEstimate) -> tuple[int, str]:
     return estimate.phase_total(phase), phase
 
 
+def device_round_peak(estimate: MemoryEstimate) -> int:
+    """Bytes a round needs on an accelerator: :func:`round_peak` without the ``baseline``
+    (the Python process and its imports, which stay in host memory). Weights, optimizer
+    state, activations, logits and the key/value cache all live on the device."""
+    needed, phase = round_peak(estimate)
+    return needed - estimate.phases[phase].get("baseline", 0)
+
+
 def memory_snapshot() -> tuple[int, int, int]:
     """``(rss, available, total)`` in bytes: this process's resident set size and
     ``psutil.virtual_memory()``'s ``available`` and ``total``."""

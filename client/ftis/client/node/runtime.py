@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 
 from ftis.client.node.config import ClientConfig
 
@@ -32,46 +33,59 @@ class DeviceUnavailableError(ValueError):
     """The requested CUDA device is not visible to this process."""
 
 
-def choose_device(requested: str, cuda_devices: int) -> str:
+def choose_device(requested: str, cuda_memory: Sequence[int],
+                  needed: int | None = None) -> tuple[str, str]:
     """The torch device a node runs on, from the ``device`` setting.
 
     Args:
         requested: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``
             (:attr:`~ftis.client.node.config.ClientConfig.device`).
-        cuda_devices: CUDA devices visible to this process (0 when torch has no CUDA,
-            no driver is found, or ``use_gpu = false`` hid them).
+        cuda_memory: total memory (bytes) of each CUDA device visible to this process;
+            empty when torch has no CUDA, no driver is found, or ``use_gpu = false`` hid
+            them.
+        needed: the round's estimated peak on the device (bytes,
+            :func:`~ftis.client.node.memory.device_round_peak`), ``None`` when unknown.
+            ``"auto"`` takes the first GPU only when this fits in its memory: a model
+            that does not fit runs on the CPU, slowly, rather than failing there.
 
     Returns:
-        ``"cpu"``, ``"cuda"`` (the first visible GPU; ``"auto"`` with one or more) or
-        ``"cuda:N"``.
+        ``(device, note)``: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``, and a one-line note
+        when ``"auto"`` passed over a visible GPU (else ``""``).
 
     Raises:
         DeviceUnavailableError: ``cuda`` with no visible GPU, or ``cuda:N`` with N at or
-            above ``cuda_devices``.
+            above the number visible.
         ValueError: any other ``requested`` value.
     """
     if requested == "cpu":
-        return "cpu"
+        return "cpu", ""
     if requested == "auto":
-        return "cuda" if cuda_devices > 0 else "cpu"
+        if not cuda_memory:
+            return "cpu", ""
+        if needed is not None and needed > cuda_memory[0]:
+            return "cpu", (f"a round needs about {needed / 2**30:.1f} GiB, more than the "
+                           f"GPU's {cuda_memory[0] / 2**30:.1f} GiB: running on the CPU "
+                           "(--device cuda tries the GPU anyway)")
+        return "cuda", ""
     if requested == "cuda" or requested.startswith("cuda:"):
         index = 0 if requested == "cuda" else int(requested.split(":", 1)[1])
-        if index >= cuda_devices:
-            seen = (f"{cuda_devices} CUDA device(s) visible" if cuda_devices else
+        if index >= len(cuda_memory):
+            seen = (f"{len(cuda_memory)} CUDA device(s) visible" if cuda_memory else
                     "no CUDA device is visible (torch without CUDA, no driver, or the "
                     "use_gpu setting is false)")
             raise DeviceUnavailableError(f"device {requested!r} requested but {seen}")
-        return requested
+        return requested, ""
     raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {requested!r}")
 
 
-def resolve_device(requested: str) -> str:
-    """:func:`choose_device` for the CUDA devices torch sees now (call it after
-    :func:`configure_runtime`, which may hide them)."""
+def resolve_device(requested: str, needed: int | None = None) -> tuple[str, str]:
+    """:func:`choose_device` for the CUDA devices torch sees now and their total memory
+    (call it after :func:`configure_runtime`, which may hide them)."""
     import torch
 
-    return choose_device(requested,
-                         torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    memory = [torch.cuda.get_device_properties(i).total_memory for i in range(count)]
+    return choose_device(requested, memory, needed)
 
 
 def set_threads(threads: int | None) -> None:
