@@ -494,6 +494,8 @@ class VolunteerNode:
             stats.update(self.evaluate())
         stats["round_seconds"] = time.perf_counter() - started
         stats["peak_rss_mb"] = peak_rss_mb()
+        if self.learner.device.type == "cuda":  # the model's memory is the GPU's
+            stats["peak_gpu_mb"] = torch.cuda.max_memory_allocated(self.learner.device) / 2**20
         stats["updates"] = float(self.learner.updates)
         if self.startup_seconds is not None:  # first round of this process only
             stats["startup_seconds"], self.startup_seconds = self.startup_seconds, None
