@@ -50,6 +50,8 @@ def test_start_runs_its_rounds_on_the_gpu(tmp_path):
         assert [r["round"] for r in rounds] == [1, 2]
         assert all(r["peak_gpu_mb"] > 0 for r in rounds)
         assert (out / "checkpoints" / "latest").exists()
+        # `ftis-client status` reads where the model ran from the node's state file
+        assert json.loads((out / "node_state.json").read_text())["device"] == "cuda"
         with sqlite3.connect(db) as con:
             (stored,) = con.execute("SELECT count(*) FROM bundles").fetchone()
         assert stored == 4  # 2 rounds x 2 groups, each verified and stored

@@ -222,7 +222,7 @@ def run(cfg: ClientConfig, setting_flags: dict[str, Any] | None = None) -> int:
             console.print(f"resumed from round {node.round}")
         total = cfg.rounds or None
         node_info = {"node_id": identity.node_id, "coordinator": cfg.coordinator,
-                     "model": cfg.model, "peft": cfg.peft}
+                     "model": cfg.model, "peft": cfg.peft, "device": device}
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
                       console=console, transient=False) as progress:

@@ -59,6 +59,7 @@ def local_status(out: Path, key_file: Path) -> dict[str, Any]:
     info["node"] = read_node_state(out)
     if info["node"] and not info["model"]:
         info["model"] = info["node"].get("model")
+    info["device"] = (info["node"] or {}).get("device")  # where the model runs (cuda, cpu)
     return info
 
 
@@ -169,6 +170,7 @@ def status(
         ago = time.time() - float(info["last_round_at"])
         table.add_row("last round", f"{ago / 60:.0f} min ago")
     table.add_row("model", _fmt(info["model"]))
+    table.add_row("device", _fmt(info["device"]))
     table.add_row("checkpoint", _fmt(info["checkpoint"]))
     table.add_row("out", info["out"])
     state, reason = info["state"], info["reason"]
