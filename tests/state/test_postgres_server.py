@@ -57,3 +57,24 @@ def test_skip_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not postgres.skip_requested()
     monkeypatch.delenv(postgres.SKIP_ENV)
     assert not postgres.skip_requested()
+
+
+def test_stop_leaves_the_directory_to_a_background_rm(tmp_path: Path) -> None:
+    """A stopped server's directory is gone from its path at once, and removed soon
+    after by a detached ``rm -rf`` (the session's teardown does not wait for it)."""
+    import time
+
+    server = PostgresServer()
+    try:
+        server.start()
+    except PostgresUnavailable as exc:
+        pytest.skip(f"no PostgreSQL server here: {exc}")
+    root = server.root
+    assert root is not None and (root / "data").is_dir()
+    server.stop()
+    assert server.root is None and not root.exists()
+    trash = root.with_name(root.name + "-removing")
+    deadline = time.monotonic() + 60
+    while trash.exists():
+        assert time.monotonic() < deadline, f"{trash} still there after 60 s"
+        time.sleep(0.1)

@@ -236,7 +236,8 @@ class PostgresServer:
         return path.read_bytes()[-2000:].decode(errors="replace")
 
     def stop(self) -> None:
-        """Fast shutdown (SIGINT), SIGKILL after 15 s; removes the directory."""
+        """Fast shutdown (SIGINT), SIGKILL after 15 s; removes the directory (in the
+        background: :meth:`_remove_root`)."""
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGINT)
@@ -245,12 +246,34 @@ class PostgresServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=15)
-        self._remove_root()
+        self._remove_root(background=True)
 
-    def _remove_root(self) -> None:
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
-            self.root = None
+    def _remove_root(self, background: bool = False) -> None:
+        """Remove the server's directory; ``background``: rename it (so it is gone from
+        its path at once) and leave the deletion to a detached ``rm -rf``.
+
+        A test session's data directory holds a database per state test, a few hundred
+        files each: deleting it in the foreground took 5 s after the integration tests
+        that use PostgreSQL, 36 s after the storage suite and 87 s at the end of `make
+        test` on the 2-core development machine (2026-11-27, measured with a finalizer
+        timer), all of it spent waiting at the end of the session."""
+        root, self.root = self.root, None
+        if root is None:
+            return
+        if background:
+            trash = root.with_name(root.name + "-removing")
+            try:
+                root.rename(trash)
+            except OSError:
+                trash = root
+            try:
+                subprocess.Popen(["rm", "-rf", "--", str(trash)], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
+                return
+            except OSError:  # no rm: delete here
+                root = trash
+        shutil.rmtree(root, ignore_errors=True)
 
     def __enter__(self) -> PostgresServer:
         return self.start()
