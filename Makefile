@@ -13,7 +13,7 @@ ROUNDS ?= 20
 SEED ?= 0
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup test-deps installer-deps installers test-installers test test-fast test-flower demo bench bench-learner bench-coordinator bench-attack bench-soak bench-simulate experiments merit-experiment proto flower-env lint clean
+.PHONY: setup test-deps installer-deps installers test-installers test test-fast test-flower demo bench bench-learner bench-device bench-coordinator bench-attack bench-soak bench-simulate experiments merit-experiment proto flower-env lint clean
 
 setup: $(STAMP)
 
@@ -125,6 +125,11 @@ bench-learner: setup
 # (~2 min per configuration), then the best configuration at N = 32 four more times
 # (--repeats 5); the last line is bundles_per_s=X p99_submit_ms=Y at N = 32, the mean
 # rate and pooled p99 of those five runs (docs/benchmarks.md).
+# One client round (generation + learner step) at the demo's shape on each device: the
+# GPU against the CPU where CUDA is available (docs/benchmarks.md, "The client on a GPU").
+bench-device: setup
+	$(BIN)/python bench/learner_device.py --reps 3
+
 bench-coordinator: setup test-deps
 	$(BIN)/python bench/coordinator_load.py
 

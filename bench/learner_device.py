@@ -17,7 +17,8 @@ timed rounds; devices alternate within each repetition. Prints each device's mea
 generation, learner and round seconds and every device's round time relative to the
 first device's, measured in the same process.
 
-Usage: ``python bench/learner_device.py --model-dir DIR --devices cpu,cuda --reps 3``
+Usage: ``make bench-device``, or ``python bench/learner_device.py [--model-dir DIR]
+[--devices cuda,cpu] --reps 3``
 """
 
 from __future__ import annotations
@@ -82,9 +83,11 @@ def one_round(policy, learner, tokens: int, seed: int) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", type=Path, required=True,
-                    help="a model directory (config.json + tokenizer; weights not read)")
-    ap.add_argument("--devices", default="cpu", help="comma-separated torch devices")
+    ap.add_argument("--model-dir", type=Path, default=None,
+                    help="a model directory (config.json + tokenizer; weights not read); "
+                    "default: the embedded smollm2-135m's converted directory")
+    ap.add_argument("--devices", default=None, help="comma-separated torch devices "
+                    "(default: cuda,cpu where CUDA is available, else cpu)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
@@ -95,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     from ftis.client.learner.trainer import Learner, LearnerConfig
     from ftis.client.models.loader import load_policy
 
+    if args.model_dir is None:
+        from ftis.client.models.registry import materialize, resolve
+
+        args.model_dir = materialize(resolve("smollm2-135m"))
+    if args.devices is None:
+        args.devices = "cuda,cpu" if torch.cuda.is_available() else "cpu"
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} CPU threads; "
           + (f"CUDA device {torch.cuda.get_device_name(0)}" if torch.cuda.is_available()
