@@ -15,7 +15,9 @@ micro-batches of 8, the default F-TIS loss) on the 4 groups with alternating rew
 every group has a non-zero advantage). One warm-up round per device, then ``--reps``
 timed rounds; devices alternate within each repetition. Prints each device's mean
 generation, learner and round seconds and every device's round time relative to the
-first device's, measured in the same process.
+first device's, measured in the same process; for a CUDA device also its peak allocated
+memory beside the client's estimate of the round (``device_round_peak``, the number
+``--device auto`` compares with the GPU's memory).
 
 Usage: ``make bench-device``, or ``python bench/learner_device.py [--model-dir DIR]
 [--devices cuda,cpu] --reps 3``
@@ -81,6 +83,18 @@ def one_round(policy, learner, tokens: int, seed: int) -> tuple[float, float]:
     return t1 - t0, t2 - t1
 
 
+def device_estimate(model_dir: Path, tokens: int) -> int:
+    """:func:`~ftis.client.node.memory.device_round_peak` of this benchmark's round shape
+    (4 own groups of 8, no external ones, micro-batches of 8, a full fine-tune), in
+    bytes: what ``--device auto`` compares with the GPU's memory."""
+    from ftis.client.node.config import ClientConfig
+    from ftis.client.node.memory import device_round_peak, estimate_for_config
+
+    cfg = ClientConfig(model=str(model_dir), local_groups=4, external_groups=0,
+                       group_size=8, max_new_tokens=tokens, micro_batch_size=8)
+    return device_round_peak(estimate_for_config(cfg))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir", type=Path, default=None,
@@ -110,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
              else "no CUDA device"))
     with tempfile.TemporaryDirectory() as tmp:
         path = random_model_dir(args.model_dir, Path(tmp) / "model")
+        estimate = device_estimate(path, args.tokens)
         runs = {}
         for device in devices:
             torch.manual_seed(0)
@@ -128,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
                 times[device].append(one_round(policy, learner, args.tokens, rep + 1))
                 gen, learn = times[device][-1]
                 print(f"rep {rep} {device}: generation {gen:.3f} s, learner {learn:.3f} s")
+    for device in devices:
+        if device.startswith("cuda"):
+            peak = torch.cuda.max_memory_allocated(device)
+            print(f"# {device}: peak allocated {peak / 2**20:.0f} MiB; the client's "
+                  f"estimate of this round on a device (device_round_peak) "
+                  f"{estimate / 2**20:.0f} MiB, {estimate / peak:.2f} x the peak")
     first = statistics.mean(g + s for g, s in times[devices[0]])
     print(f"{'device':>8} {'generation s':>13} {'learner s':>10} {'round s':>8} "
           f"{'/ ' + devices[0]:>10}")
