@@ -169,8 +169,9 @@ def load_policy(
     and get the same LoRA adapters; the card records ``quantization`` ``...bnb-nf4``
     (:func:`qlora_quantization`) and ``dtype`` float32 (the compute dtype).
 
-    ``device`` places the model (``"cpu"``, the default, or ``"cuda"``); the sampler
-    follows the model's device, the learner's batches are built on CPU.
+    ``device`` places the model (``"cpu"``, the default, ``"cuda"`` or ``"cuda:N"``;
+    ``ftis-client start --device`` chooses it); the sampler follows the model's device,
+    and the learner moves its CPU-built batches there (``PackedBatch.to``).
 
     Raises:
         ModelNotFoundError: ``name`` cannot be found locally.
