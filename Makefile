@@ -118,6 +118,11 @@ bench-learner: setup
 	$(BIN)/python bench/learner_vs_trl.py --reps 3 --threads 1
 	$(BIN)/python bench/learner_shared_prompt.py --reps 6 --threads 1
 
+# One client round (generation + learner step) at the demo's shape on each device: the
+# GPU against the CPU where CUDA is available (docs/benchmarks.md, "The client on a GPU").
+bench-device: setup
+	$(BIN)/python bench/learner_device.py --reps 3
+
 # The coordinator under a closed-loop load of N volunteers (real identities, SmolLM2
 # tokenizer uploaded, signed LeaseTasks -> SubmitBundle -> PullBundles on grpc.aio):
 # verified bundles/s, p50/p99 per RPC, errors by code, coordinator CPU/RSS, generator CPU;
@@ -125,11 +130,6 @@ bench-learner: setup
 # (~2 min per configuration), then the best configuration at N = 32 four more times
 # (--repeats 5); the last line is bundles_per_s=X p99_submit_ms=Y at N = 32, the mean
 # rate and pooled p99 of those five runs (docs/benchmarks.md).
-# One client round (generation + learner step) at the demo's shape on each device: the
-# GPU against the CPU where CUDA is available (docs/benchmarks.md, "The client on a GPU").
-bench-device: setup
-	$(BIN)/python bench/learner_device.py --reps 3
-
 bench-coordinator: setup test-deps
 	$(BIN)/python bench/coordinator_load.py
 

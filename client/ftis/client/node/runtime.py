@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 
 from ftis.client.node.config import ClientConfig
+from ftis.client.node.memory import format_size
 
 _IMPORTED_AT = time.monotonic()
 
@@ -63,8 +64,8 @@ def choose_device(requested: str, cuda_memory: Sequence[int],
         if not cuda_memory:
             return "cpu", ""
         if needed is not None and needed > cuda_memory[0]:
-            return "cpu", (f"a round needs about {needed / 2**30:.1f} GiB, more than the "
-                           f"GPU's {cuda_memory[0] / 2**30:.1f} GiB: running on the CPU "
+            return "cpu", (f"a round needs about {format_size(needed)}, more than the "
+                           f"GPU's {format_size(cuda_memory[0])}: running on the CPU "
                            "(--device cuda tries the GPU anyway)")
         return "cuda", ""
     if requested == "cuda" or requested.startswith("cuda:"):
