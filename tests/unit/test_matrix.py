@@ -735,3 +735,20 @@ def test_make_experiments_names_configs_that_exist_and_resume_from_their_results
         results = ROOT / "experiments" / "results" / name
         if results.exists():  # --restore-from would accept it
             matrix.same_config(cfg.model_dump(mode="json"), results)
+
+
+def test_holm_counts_contrasts_without_pairs_as_p_one():
+    """A pre-registered contrast with no finished pair yet stays in the Holm family:
+    5 positive pairs give the exact sign-flip p = 2/32 = 0.0625, and with one untested
+    contrast beside it Holm multiplies by m = 2, not 1."""
+    five = {s: 0.5 for s in range(5)}
+    tested = {"arm": "ftis", "baseline": "tis", "after": {s: 0.6 + 0.01 * s for s in five},
+              "before": five}
+    untested = {"arm": "ftis", "baseline": "alone", "after": {}, "before": five}
+    got = report.paired_contrasts([tested, untested])
+    assert got[0]["p"] == pytest.approx(0.0625)
+    assert got[0]["p_holm"] == pytest.approx(0.125)
+    assert got[1]["n"] == 0 and got[1]["p"] is None and got[1]["p_holm"] is None
+    assert report.paired_contrasts([tested])[0]["p_holm"] == pytest.approx(0.0625)
+    assert "p (Holm, m = 2)" in report.contrasts_table(
+        [{**r, "pairing": "p", "client": "c"} for r in got], "eval_heldout_sampled")

@@ -219,7 +219,12 @@ def paired_contrasts(items: list[dict], seed: int = 0) -> list[dict]:
         One dict per item: the labels, ``n`` (seeds in both), ``diff`` (mean of
         ``after - before``), ``ci_low``/``ci_high`` (95 % paired bootstrap), ``sd_diff``,
         ``p`` (two-sided sign-flip test, exact up to 16 seeds) and ``p_holm`` (``None``
-        where there is no pair; those do not count in the family).
+        where there is no pair yet).
+
+    The Holm family is every item, tested or not: an item without pairs counts as
+    p = 1. The contrasts are fixed before the run, so a table made while cells are
+    still missing adjusts over the whole pre-registered family (conservative) instead of
+    over whichever contrasts happen to have finished.
     """
     from ftis.lab.experiment.stats import holm, paired_comparison
 
@@ -235,9 +240,10 @@ def paired_contrasts(items: list[dict], seed: int = 0) -> list[dict]:
             row.update(diff=res.diff, ci_low=res.ci_low, ci_high=res.ci_high,
                        sd_diff=res.sd_diff, p=res.p_value)
         out.append(row)
-    tested = [r for r in out if r["p"] is not None]
-    for r, adj in zip(tested, holm([r["p"] for r in tested]), strict=True):
-        r["p_holm"] = adj
+    adjusted = holm([1.0 if r["p"] is None else r["p"] for r in out])
+    for r, adj in zip(out, adjusted, strict=True):
+        if r["p"] is not None:
+            r["p_holm"] = adj
     return out
 
 
@@ -327,8 +333,7 @@ def contrasts_table(results: list[dict], metric: str) -> str:
     if not results:
         return placeholder(CONTRAST_COLUMNS, metric, 3)
     lines = _head(CONTRAST_COLUMNS, metric, 3)
-    m = sum(1 for r in results if r["p"] is not None)
-    lines[0] = lines[0].replace("p (Holm)", f"p (Holm, m = {m})")
+    lines[0] = lines[0].replace("p (Holm)", f"p (Holm, m = {len(results)})")
     for r in results:
         ci = ("–" if r["ci_low"] is None
               else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]")
