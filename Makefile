@@ -155,6 +155,8 @@ bench-soak: setup
 # back into experiments/results/ID and the tables regenerated. Hours to days on a CPU:
 # stop it any time and run it again; commit experiments/results/ and docs/ as it goes.
 # The main matrix ftis_methods (12 seeds, every partner) comes last. LEGACY=1 adds A-D.
+# NORUN=1 runs no cell: it only rebuilds experiments/results/ID and the tables from what
+# the committed results hold (e.g. the main matrix from the cells E.0c and E.0d ran).
 EXPERIMENTS := ftis_power_pilot ftis_hot_partner ftis_hot_partner_gates sapo_peer \
 	ftis_qlora_partner ftis_drifted_partner
 experiment-%: setup
@@ -162,7 +164,8 @@ experiment-%: setup
 	for id in $(EXPERIMENTS) ftis_methods; do \
 		if [ $$id != $* ] && [ -d experiments/results/$$id ]; then \
 			restore="$$restore --restore-shared-from experiments/results/$$id"; fi; done; \
-	$(BIN)/ftis-lab experiment --config experiments/$*.json --out runs/ftis_methods $$restore
+	$(BIN)/ftis-lab experiment --config experiments/$*.json --out runs/ftis_methods $$restore \
+		$(if $(NORUN),--no-run)
 	$(BIN)/ftis-lab experiment --config experiments/$*.json --out runs/ftis_methods \
 		--collect-to experiments/results/$*
 	$(BIN)/python experiments/summarize.py
