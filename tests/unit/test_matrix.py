@@ -752,3 +752,19 @@ def test_holm_counts_contrasts_without_pairs_as_p_one():
     assert report.paired_contrasts([tested])[0]["p_holm"] == pytest.approx(0.0625)
     assert "p (Holm, m = 2)" in report.contrasts_table(
         [{**r, "pairing": "p", "client": "c"} for r in got], "eval_heldout_sampled")
+
+
+def test_one_pair_has_no_interval():
+    """The bootstrap of a single pair resamples that pair only: its "interval" would be
+    the point [d, d]. One pair gets its difference and p = 1 (exact sign-flip: both
+    signs are as extreme), no interval; two pairs get a real one."""
+    one = report.paired_contrasts([{"arm": "a", "baseline": "b", "after": {0: 0.7},
+                                    "before": {0: 0.5}}])[0]
+    assert one["n"] == 1 and one["diff"] == pytest.approx(0.2) and one["p"] == 1.0
+    assert one["ci_low"] is None and one["ci_high"] is None
+    row = report.contrasts_table([{**one, "pairing": "p", "client": "c"}],
+                                 "eval_heldout_sampled").splitlines()[-1]
+    assert "| +0.200 | – | 1.000 |" in row
+    two = report.paired_contrasts([{"arm": "a", "baseline": "b", "after": {0: 0.7, 1: 0.6},
+                                    "before": {0: 0.5, 1: 0.5}}])[0]
+    assert (two["ci_low"], two["ci_high"]) == (pytest.approx(0.1), pytest.approx(0.2))

@@ -217,9 +217,10 @@ def paired_contrasts(items: list[dict], seed: int = 0) -> list[dict]:
 
     Returns:
         One dict per item: the labels, ``n`` (seeds in both), ``diff`` (mean of
-        ``after - before``), ``ci_low``/``ci_high`` (95 % paired bootstrap), ``sd_diff``,
-        ``p`` (two-sided sign-flip test, exact up to 16 seeds) and ``p_holm`` (``None``
-        where there is no pair yet).
+        ``after - before``), ``ci_low``/``ci_high`` (95 % paired bootstrap; ``None``
+        below 2 pairs, where resampling one pair only gives back its own difference),
+        ``sd_diff``, ``p`` (two-sided sign-flip test, exact up to 16 seeds) and
+        ``p_holm`` (``None`` where there is no pair yet).
 
     The Holm family is every item, tested or not: an item without pairs counts as
     p = 1. The contrasts are fixed before the run, so a table made while cells are
@@ -237,8 +238,9 @@ def paired_contrasts(items: list[dict], seed: int = 0) -> list[dict]:
         if seeds:
             res = paired_comparison([it["before"][s] for s in seeds],
                                     [it["after"][s] for s in seeds], seed=seed)
-            row.update(diff=res.diff, ci_low=res.ci_low, ci_high=res.ci_high,
-                       sd_diff=res.sd_diff, p=res.p_value)
+            row.update(diff=res.diff, sd_diff=res.sd_diff, p=res.p_value)
+            if res.n > 1:
+                row.update(ci_low=res.ci_low, ci_high=res.ci_high)
         out.append(row)
     adjusted = holm([1.0 if r["p"] is None else r["p"] for r in out])
     for r, adj in zip(out, adjusted, strict=True):
