@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 from pathlib import Path
 
 from ftis.lab.experiment.matrix import ExperimentConfig, run_pretrain
+from ftis.lab.experiment.report import read_metrics
 
 
 def _sha(path: Path) -> str:
@@ -26,8 +26,7 @@ def _sha(path: Path) -> str:
 
 
 def _rewards(checkpoints: Path) -> list[float]:
-    with open(checkpoints.parent / "metrics.jsonl") as f:
-        return [json.loads(line)["reward_mean"] for line in f]
+    return [rec["reward_mean"] for rec in read_metrics(checkpoints.parent / "metrics.jsonl")]
 
 
 def main() -> int:
