@@ -15,7 +15,10 @@ the config's ``id`` (else the run folder's name).
 In the document (``--doc``) every table between ``<!-- table:ID/KIND -->`` and
 ``<!-- /table -->`` is rewritten from ``experiments/results/ID``; KIND is ``arms``
 (per arm: held-out pass@1, mean reward, the gates' filtered and truncated shares, and
-"cannot tell the methods apart" where both are under 1 %), ``contrasts`` (seed-paired
+"cannot tell the methods apart" where both are under 1 %), ``divergence`` (per arm with
+external groups: the external completions' k1 against the learner in nats/token, per
+cell and per round, the rounds above the default δ, and the cells' filtered shares),
+``contrasts`` (seed-paired
 sign-flip test, 95 % bootstrap interval, raw and Holm-adjusted p) or ``power`` (paired
 seeds needed for the config's target). Without results the table says "not yet run".
 The power line of each experiment is printed as well.
@@ -36,6 +39,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ftis.client.learner.config import DEFAULT_FILTER_THRESHOLD
 from ftis.lab.experiment import report
 from ftis.lab.experiment.matrix import ExperimentConfig, analysis
 from ftis.lab.merit.experiment import MeritExperimentConfig
@@ -46,11 +50,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 DOC = ROOT / "docs" / "results.md"
 DOCS = (DOC, ROOT / "docs" / "merit.md")
-KINDS = ("arms", "contrasts", "power")
+KINDS = ("arms", "divergence", "contrasts", "power")
 MERIT_KINDS = ("families", "samples", "contrasts", "power")
 MARKER = re.compile(r"(<!-- table:(?P<id>[A-Za-z0-9_.-]+)/(?P<kind>\w+) -->\n)(?P<body>.*?)"
                     r"(?P<end><!-- /table -->)", re.DOTALL)
 _PLACEHOLDER_COLUMNS = {"arms": (report.ARMS_COLUMNS, 5),
+                        "divergence": (report.divergence_columns(DEFAULT_FILTER_THRESHOLD), 4),
                         "contrasts": (report.CONTRAST_COLUMNS, 3),
                         "power": (report.POWER_COLUMNS, 3),
                         "families": (["arm", "seeds", "{metric} per family",

@@ -638,6 +638,56 @@ def test_gate_flag_threshold_is_one_percent():
     assert report.gates_idle(None)  # no external groups at all
 
 
+def test_divergence_rows_hand_computed():
+    """Two cells of one arm: k1 per round (0.5, 1.5) at seed 0 and (0.2, 0.4) at seed 3;
+    filtered shares (0.1, 0.3) and (0.0, 0.0)."""
+    base = {"pairing": "p", "arm": "ftis", "client": "learner", "external_groups_used": 2}
+    rows = [{**base, "seed": 0, "round": 1, "external_k1_mean": 0.5,
+             "external_filtered_frac": 0.1},
+            {**base, "seed": 0, "round": 2, "external_k1_mean": 1.5,
+             "external_filtered_frac": 0.3},
+            {**base, "seed": 3, "round": 1, "external_k1_mean": 0.2,
+             "external_filtered_frac": 0.0},
+            {**base, "seed": 3, "round": 2, "external_k1_mean": 0.4,
+             "external_filtered_frac": 0.0},
+            # no external groups, or no k1 logged: left out
+            {**base, "seed": 5, "round": 1, "external_groups_used": 0,
+             "external_k1_mean": 9.0},
+            {**base, "seed": 6, "round": 1, "external_filtered_frac": 1.0}]
+    got = report.divergence_rows(rows, delta=1.0)[("p", "ftis", "learner")]
+    # cell means 1.0 and 0.3 -> mean 0.65; one round (1.5) above 1; 1.0 itself is not
+    assert got == pytest.approx({"cells": 2, "k1_mean": 0.65, "k1_min": 0.3, "k1_max": 1.0,
+                                 "round_max": 1.5, "rounds_over": 1, "rounds": 4,
+                                 "filtered_min": 0.0, "filtered_max": 0.2,
+                                 "filtered_max_seed": 0})
+    assert report.divergence_rows(rows, delta=0.45)[("p", "ftis", "learner")][
+        "rounds_over"] == 2
+    table = report.divergence_table([{"pairing": "p", "arm": "ftis", "method": "ftis",
+                                      "client": "learner", **got}], 1.0)
+    assert "rounds with mean > δ = 1 |" in table
+    assert ("| p | ftis | ftis | learner | 2 | 0.650 | 0.300–1.000 | 1.500 | 1 of 4 | "
+            "0.0000–0.2000 | 0 |") in table
+    nois = report.divergence_table([{"pairing": "p", "arm": "nois", "method": "nois",
+                                     "client": "learner", **got}], 1.0)
+    assert "| 1 of 4 | n/a | n/a (nois has no gate) |" in nois
+    idle = report.divergence_table([{"pairing": "p", "arm": "tis", "method": "tis",
+                                     "client": "learner", **got, "filtered_max": 0.0}], 1.0)
+    assert "| 0.0000–0.0000 | – (none) |" in idle
+    assert report.divergence_table([], 1.0).count(report.NOT_YET_RUN) == 1
+
+
+def test_analysis_divergence_table_covers_arms_with_external_groups(tmp_path):
+    cfg, rows, evals = synthetic(tmp_path)
+    for r in rows:
+        if r.get("external_groups_used"):
+            r["external_k1_mean"] = 0.1 * r["round"] + r["seed"]  # cells 0.15, 1.15, 2.15
+    div = analysis(cfg, rows, evals)["divergence"]
+    assert "alone_batch_matched" not in div and "partner" not in div
+    assert ("| hot | tis | tis | learner | 3 | 1.150 | 0.150–2.150 | 2.200 | 4 of 6 | "
+            "0.0000–0.0000 | – (none) |") in div
+    assert "| hot | ftis | ftis | learner | 3 | 1.150 |" in div
+
+
 def test_pooled_clients_and_power_family_override(tmp_path):
     cfg, rows, evals = synthetic(tmp_path)
     two = [{**e, "client": c} for e in evals for c in ("learner", "b")]

@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from ftis.client.learner.config import METHODS, Method
+from ftis.client.learner.config import DEFAULT_FILTER_THRESHOLD, METHODS, Method
 from ftis.client.models.peft import PeftKind
 from ftis.client.node.config import ClientConfig
 from ftis.client.node.evaluation import EvalConfig
@@ -847,8 +847,10 @@ def summarize(rows: list[dict], evals: list[dict]) -> list[dict]:
 
 
 def analysis(cfg: ExperimentConfig, rows: list[dict], evals: list[dict]) -> dict[str, Any]:
-    """The arms analysis: ``arms``, ``contrasts`` and ``power`` markdown tables, plus the
-    contrast results (``results``) and the power line (``power_line``)."""
+    """The arms analysis: ``arms``, ``divergence`` (how far external completions were
+    from the learner, :func:`report.divergence_rows` at the default δ), ``contrasts`` and
+    ``power`` markdown tables, plus the contrast results (``results``) and the power line
+    (``power_line``)."""
     arms = {a.name: a for a in cfg.arms or []}
     order = {a: i for i, a in enumerate(arms)}
     learners = [r for r in rows if r.get("role", "learner") == "learner"]
@@ -878,6 +880,10 @@ def analysis(cfg: ExperimentConfig, rows: list[dict], evals: list[dict]) -> dict
                          "ext_groups": (statistics.mean(ext_used[key]) if ext_used.get(key)
                                         else None),
                          "shares": shares.get(key)})
+    divergence = report.divergence_rows(learners, DEFAULT_FILTER_THRESHOLD)
+    div_rows = [{"pairing": r["pairing"], "arm": r["arm"], "method": r["method"],
+                 "client": r["client"], **divergence[(r["pairing"], r["arm"], r["client"])]}
+                for r in arm_rows if (r["pairing"], r["arm"], r["client"]) in divergence]
     flagged = {(r["pairing"], r["arm"]) for r in arm_rows
                if r["method"] in report.GATED_METHODS and report.gates_idle(r["shares"])}
 
@@ -914,6 +920,7 @@ def analysis(cfg: ExperimentConfig, rows: list[dict], evals: list[dict]) -> dict
                               family)
     return {
         "arms": report.arms_table(arm_rows, cfg.primary_metric),
+        "divergence": report.divergence_table(div_rows, DEFAULT_FILTER_THRESHOLD),
         "contrasts": report.contrasts_table(results, cfg.primary_metric),
         "power": report.power_table(power, cfg.primary_metric, cfg.power.effect,
                                     cfg.power.power, cfg.power.alpha, family),

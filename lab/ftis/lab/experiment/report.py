@@ -117,6 +117,10 @@ CONTRAST_COLUMNS = ["pairing", "client", "contrast", "n", "mean difference",
                     "95 % bootstrap CI", "p (sign-flip)", "p (Holm)", "note"]
 POWER_COLUMNS = ["pairing", "client", "contrast", "n", "sd of paired difference",
                  "paired seeds needed"]
+DIVERGENCE_COLUMNS = ["pairing", "arm", "method", "client", "cells",
+                      "ext. k1 (nats/token), mean of cells", "cell means, min–max",
+                      "largest round mean", "rounds with mean > δ = {delta:g}",
+                      "ext. filtered share per cell, min–max", "seed of the largest share"]
 
 
 def mean_sd(values: list[float]) -> str:
@@ -196,6 +200,51 @@ def gate_shares(rows: list[dict]) -> dict[tuple, dict[str, float]]:
                     "raw_max": max(d["raw_max"]) if d["raw_max"] else float("nan"),
                     "divergence": sum(d["divergence"]) / len(d["divergence"])
                     if d["divergence"] else float("nan")}
+    return out
+
+
+def divergence_rows(rows: list[dict], delta: float) -> dict[tuple, dict[str, float]]:
+    """How far the external completions were from the learner, per ``(pairing, arm,
+    client)``, over the rounds that used external groups.
+
+    Args:
+        rows: per-round learner records with ``seed``, ``external_groups_used``,
+            ``external_k1_mean`` (mean over the round's external completions of their k1
+            mean, ``log pi_gen - log pi_learner`` per token, nats/token; DESIGN.md
+            section 4) and ``external_filtered_frac`` (share of external completions the
+            gate zeroed). Rounds without ``external_k1_mean`` are left out.
+        delta: threshold in nats/token; the rounds whose mean is above it are counted
+            (the new gate's default δ: ``ftis.client.learner.config``).
+
+    Returns:
+        ``{key: {"cells", "k1_mean" (mean of the cells' means), "k1_min", "k1_max" (the
+        cells' means), "round_max" (largest round mean), "rounds_over", "rounds",
+        "filtered_min", "filtered_max" (the cells' mean filtered shares) and
+        "filtered_max_seed"}}``; absent for arms without external groups.
+    """
+    import statistics
+
+    cells: dict[tuple, dict[int, dict[str, list[float]]]] = {}
+    for r in rows:
+        k1 = r.get("external_k1_mean")
+        if not r.get("external_groups_used") or k1 is None:
+            continue
+        key = (r["pairing"], r.get("arm", r.get("method")), r["client"])
+        cell = cells.setdefault(key, {}).setdefault(int(r["seed"]),
+                                                    {"k1": [], "filtered": []})
+        cell["k1"].append(float(k1))
+        cell["filtered"].append(float(r.get("external_filtered_frac") or 0.0))
+    out = {}
+    for key, seeds in cells.items():
+        k1_means = [statistics.mean(c["k1"]) for c in seeds.values()]
+        filtered = {s: statistics.mean(c["filtered"]) for s, c in seeds.items()}
+        top = max(filtered, key=lambda s: (filtered[s], -s))
+        rounds = [v for c in seeds.values() for v in c["k1"]]
+        out[key] = {"cells": float(len(seeds)), "k1_mean": statistics.mean(k1_means),
+                    "k1_min": min(k1_means), "k1_max": max(k1_means),
+                    "round_max": max(rounds), "rounds_over": float(sum(v > delta for v in rounds)),
+                    "rounds": float(len(rounds)), "filtered_min": min(filtered.values()),
+                    "filtered_max": filtered[top], "filtered_max_seed": float(top)}
     return out
 
 
@@ -327,6 +376,33 @@ def arms_table(arm_rows: list[dict], metric: str) -> str:
                      f"{mean_sd([v[1] for v in ends.values()])} | {mean_sd(r['rewards'])} | "
                      f"{_fmt(r.get('ext_groups'), '{:.2f}')} | {filt} | {trunc} | {raw} | "
                      f"{gates} |")
+    return "\n".join(lines)
+
+
+def divergence_columns(delta: float) -> list[str]:
+    """:data:`DIVERGENCE_COLUMNS` with the threshold ``delta`` (nats/token) filled in."""
+    return [c.format(delta=delta) if "{delta" in c else c for c in DIVERGENCE_COLUMNS]
+
+
+def divergence_table(div_rows: list[dict], delta: float) -> str:
+    """Markdown: one row per ``(pairing, arm, client)`` with external groups, from
+    :func:`divergence_rows` (items also carry ``pairing``, ``arm``, ``method`` and
+    ``client``). Filtered shares are "n/a" for methods without a gate; the seed of the
+    largest share is "– (none)" where no cell filtered anything."""
+    columns = divergence_columns(delta)
+    if not div_rows:
+        return placeholder(columns, right_from=4)
+    lines = _head(columns, "", 4)
+    for r in div_rows:
+        if r["method"] in GATED_METHODS:
+            filt = f"{r['filtered_min']:.4f}–{r['filtered_max']:.4f}"
+            seed = f"{int(r['filtered_max_seed'])}" if r["filtered_max"] > 0 else "– (none)"
+        else:
+            filt, seed = "n/a", f"n/a ({r['method']} has no gate)"
+        lines.append(f"| {r['pairing']} | {r['arm']} | {r['method']} | {r['client']} | "
+                     f"{int(r['cells'])} | {r['k1_mean']:.3f} | "
+                     f"{r['k1_min']:.3f}–{r['k1_max']:.3f} | {r['round_max']:.3f} | "
+                     f"{int(r['rounds_over'])} of {int(r['rounds'])} | {filt} | {seed} |")
     return "\n".join(lines)
 
 
