@@ -430,8 +430,9 @@ def test_collect_finished_reads_only_done_cells_without_running(tmp_path, fake_l
 def test_restore_finished_resumes_from_committed_results_on_a_new_machine(tmp_path,
                                                                          fake_launch):
     """A results folder (``--collect-to``) rebuilds its cells in an empty --out: the
-    resumed run launches only the missing cells and writes the same rows; a folder from
-    another config is refused."""
+    resumed run launches only the missing cells and writes the same rows; a config that
+    adds a seed restores the same cells, one that drops a seed or changes a setting is
+    refused."""
     cfg = arms_config(seeds=[0, 1], arms=[
         {"name": "alone_batch_matched", "method": "on_policy", "local": 4, "partners": False},
         {"name": "tis", "method": "tis", "local": 2, "external": 2}])
@@ -455,9 +456,14 @@ def test_restore_finished_resumes_from_committed_results_on_a_new_machine(tmp_pa
     assert (new / "results.jsonl").read_text() == full_rows
     assert (new / "evals.jsonl").read_text() == full_evals
 
-    other = arms_config(seeds=[0, 1, 2], arms=cfg.model_dump()["arms"])
-    with pytest.raises(ValueError, match="seeds"):
-        restore_finished(other, tmp_path / "committed", tmp_path / "x")
+    more = arms_config(seeds=[0, 1, 2], arms=cfg.model_dump()["arms"])  # a seed added
+    assert restore_finished(more, tmp_path / "committed", tmp_path / "more") == 3
+    with pytest.raises(ValueError, match=r"seeds \[1\] that this config lacks"):
+        restore_finished(arms_config(seeds=[0, 2], arms=cfg.model_dump()["arms"]),
+                         tmp_path / "committed", tmp_path / "x")
+    with pytest.raises(ValueError, match=r"another config \(rounds differ\)"):
+        restore_finished(arms_config(seeds=[0, 1], rounds=3, arms=cfg.model_dump()["arms"]),
+                         tmp_path / "committed", tmp_path / "x")
     with pytest.raises(ValueError, match="no config.json"):
         restore_finished(cfg, tmp_path / "nothing", tmp_path / "x")
 
@@ -485,11 +491,28 @@ def test_cli_restore_from_rebuilds_then_runs_the_rest_and_refuses_another_config
     assert "restored 2 finished cells" in got.output
     assert len(fake_launch) == launched + 2  # seed 1's two cells only
     other = tmp_path / "other.json"
-    other.write_text(arms_config(seeds=[0, 1, 2]).model_dump_json())
+    other.write_text(arms_config(seeds=[0, 1, 2]).model_dump_json())  # other arms
     got = CliRunner().invoke(app, ["experiment", "--config", str(other), "--out",
                                    str(tmp_path / "x"), "--restore-from",
                                    str(tmp_path / "committed")])
-    assert got.exit_code == ExitCode.USAGE and "another config" in got.output
+    assert got.exit_code == ExitCode.USAGE and "another config (arms differ)" in got.output
+    # the same config with a seed added restores seed 0 and runs seeds 1 and 2
+    more = tmp_path / "more.json"
+    more.write_text(cfg.model_copy(update={"seeds": [0, 1, 2]}).model_dump_json())
+    launched = len(fake_launch)
+    got = CliRunner().invoke(app, ["experiment", "--config", str(more), "--out",
+                                   str(tmp_path / "more"), "--restore-from",
+                                   str(tmp_path / "committed")])
+    assert got.exit_code == 0, got.output
+    assert "restored 2 finished cells" in got.output
+    assert len(fake_launch) == launched + 4
+    # ... but one that drops a committed seed is refused
+    fewer = tmp_path / "fewer.json"
+    fewer.write_text(cfg.model_copy(update={"seeds": [1]}).model_dump_json())
+    got = CliRunner().invoke(app, ["experiment", "--config", str(fewer), "--out",
+                                   str(tmp_path / "fewer"), "--restore-from",
+                                   str(tmp_path / "committed")])
+    assert got.exit_code == ExitCode.USAGE and "seeds [0]" in got.output
     # collecting a run that lacks committed cells over those results would lose them
     write_results(cfg, rows, evals, tmp_path / "full")
     seed1 = next(c["name"] for c in cells(cfg) if c["seed"] == 1)

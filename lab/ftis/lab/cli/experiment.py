@@ -24,7 +24,7 @@ def experiment(
     restore_from: Annotated[Path | None, typer.Option(
         help="first rebuild under --out the finished cells whose raw results this folder "
              "holds (experiments/results/ID, or --collect-to of a run elsewhere); it must "
-             "come from the same config",
+             "come from the same config, which may add seeds but not drop any",
     )] = None,
     restore_shared_from: Annotated[list[Path] | None, typer.Option(
         help="first rebuild under --out the finished cells of another experiment's "

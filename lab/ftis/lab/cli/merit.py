@@ -88,7 +88,8 @@ def experiment_command(
     restore_from: Annotated[Path | None, typer.Option(
         help="first rebuild under --out the finished cells whose rows this results folder "
              "holds (e.g. committed raw results, or --collect-to of a run elsewhere); "
-             "it must come from the same config")] = None,
+             "it must come from the same config, which may add seeds but not drop "
+             "any")] = None,
     collect_to: Annotated[Path | None, typer.Option(
         help="run nothing: copy config.json, results.jsonl and plans/ of --out (the rows "
              "of every cell finished so far) to this folder (a run in progress keeps "

@@ -664,16 +664,25 @@ def results_config(src: Path) -> dict:
 
 def same_config(current: dict, src: Path) -> None:
     """Check that the results folder ``src`` was written by the config ``current`` (its
-    ``model_dump(mode="json")``): ``src/config.json`` must equal it in every setting.
+    ``model_dump(mode="json")``): ``src/config.json`` must equal it in every setting but
+    ``seeds``, and its seeds must all be among ``current``'s. A config may add seeds to a
+    finished run (a power table asked for more: docs/results.md E.3); every cell is one
+    seed, so the cells both hold were run with the same settings. Dropping a seed is
+    refused: collecting over ``src`` would then lose its cells.
 
     Raises:
-        ValueError: ``src`` has no ``config.json``, or it differs (the keys are named).
+        ValueError: ``src`` has no ``config.json``, it differs in another setting (the
+            keys are named), or it holds seeds that ``current`` lacks (they are named).
     """
     old = results_config(src)
     cur = json.loads(json.dumps(current))
-    if old != cur:
-        keys = sorted(k for k in set(old) | set(cur) if old.get(k) != cur.get(k))
+    keys = sorted(k for k in set(old) | set(cur) if k != "seeds" and old.get(k) != cur.get(k))
+    if keys:
         raise ValueError(f"{src} was run with another config ({', '.join(keys)} differ)")
+    missing = sorted(set(old.get("seeds", [])) - set(cur.get("seeds", [])))
+    if missing:
+        raise ValueError(f"{src} was run with another config (seeds differ: it holds "
+                         f"seeds {missing} that this config lacks)")
 
 
 def read_jsonl(path: Path) -> list[dict]:
