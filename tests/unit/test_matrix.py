@@ -478,47 +478,40 @@ def test_cli_restore_from_rebuilds_then_runs_the_rest_and_refuses_another_config
     cfg = arms_config(seeds=[0, 1], arms=[
         {"name": "alone_batch_matched", "method": "on_policy", "local": 4, "partners": False},
         {"name": "tis", "method": "tis", "local": 2, "external": 2}])
-    config = tmp_path / "cfg.json"
-    config.write_text(cfg.model_dump_json())
+    def restore(config: ExperimentConfig, name: str):
+        """``ftis-lab experiment`` with ``config`` into ``tmp_path/name``, restoring from
+        the committed seed 0."""
+        path = tmp_path / f"{name}.json"
+        path.write_text(config.model_dump_json())
+        return CliRunner().invoke(app, ["experiment", "--config", str(path), "--out",
+                                        str(tmp_path / name), "--restore-from",
+                                        str(tmp_path / "committed")])
+
     run_experiment(cfg, tmp_path / "first")
     rows, evals, _ = collect_finished(cfg, tmp_path / "first")
     write_results(cfg, rows[: len(rows) // 2], [], tmp_path / "committed")  # seed 0 only
     launched = len(fake_launch)
-    got = CliRunner().invoke(app, ["experiment", "--config", str(config), "--out",
-                                   str(tmp_path / "new"), "--restore-from",
-                                   str(tmp_path / "committed")])
+    got = restore(cfg, "new")
     assert got.exit_code == 0, got.output
     assert "restored 2 finished cells" in got.output
     assert len(fake_launch) == launched + 2  # seed 1's two cells only
-    other = tmp_path / "other.json"
-    other.write_text(arms_config(seeds=[0, 1, 2]).model_dump_json())  # other arms
-    got = CliRunner().invoke(app, ["experiment", "--config", str(other), "--out",
-                                   str(tmp_path / "x"), "--restore-from",
-                                   str(tmp_path / "committed")])
+    got = restore(arms_config(seeds=[0, 1, 2]), "other")  # other arms
     assert got.exit_code == ExitCode.USAGE and "another config (arms differ)" in got.output
     # the same config with a seed added restores seed 0 and runs seeds 1 and 2
-    more = tmp_path / "more.json"
-    more.write_text(cfg.model_copy(update={"seeds": [0, 1, 2]}).model_dump_json())
     launched = len(fake_launch)
-    got = CliRunner().invoke(app, ["experiment", "--config", str(more), "--out",
-                                   str(tmp_path / "more"), "--restore-from",
-                                   str(tmp_path / "committed")])
+    got = restore(cfg.model_copy(update={"seeds": [0, 1, 2]}), "more")
     assert got.exit_code == 0, got.output
     assert "restored 2 finished cells" in got.output
     assert len(fake_launch) == launched + 4
     # ... but one that drops a committed seed is refused
-    fewer = tmp_path / "fewer.json"
-    fewer.write_text(cfg.model_copy(update={"seeds": [1]}).model_dump_json())
-    got = CliRunner().invoke(app, ["experiment", "--config", str(fewer), "--out",
-                                   str(tmp_path / "fewer"), "--restore-from",
-                                   str(tmp_path / "committed")])
+    got = restore(cfg.model_copy(update={"seeds": [1]}), "fewer")
     assert got.exit_code == ExitCode.USAGE and "seeds [0]" in got.output
     # collecting a run that lacks committed cells over those results would lose them
     write_results(cfg, rows, evals, tmp_path / "full")
     seed1 = next(c["name"] for c in cells(cfg) if c["seed"] == 1)
     (tmp_path / "first" / "cells" / seed1 / "DONE").unlink()
-    got = CliRunner().invoke(app, ["experiment", "--config", str(config), "--out",
-                                   str(tmp_path / "first"), "--collect-to",
+    got = CliRunner().invoke(app, ["experiment", "--config", str(tmp_path / "new.json"),
+                                   "--out", str(tmp_path / "first"), "--collect-to",
                                    str(tmp_path / "full")])
     assert got.exit_code == ExitCode.USAGE and "1 cells not finished" in got.output
     assert len((tmp_path / "full" / "results.jsonl").read_text().splitlines()) == len(rows)
