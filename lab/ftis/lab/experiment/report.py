@@ -154,7 +154,7 @@ def final_values(evals: list[dict], metric: str) -> dict[tuple, dict[int, tuple]
     by: dict[tuple, dict[int, list[dict]]] = {}
     for e in evals:
         if metric in e:
-            key = (e["pairing"], e.get("arm", e.get("method")), e["client"])
+            key = arm_key(e)
             by.setdefault(key, {}).setdefault(int(e["seed"]), []).append(e)
     out: dict[tuple, dict[int, tuple]] = {}
     for key, seeds in by.items():
@@ -173,6 +173,12 @@ def pooled(ends: dict[tuple, dict[int, tuple]], pairing: str, arm: str,
     return {s: sum(p[s][1] for p in per) / len(per) for s in sorted(seeds)}
 
 
+def arm_key(r: dict) -> tuple:
+    """``(pairing, arm, client)`` of a result or evaluation row (older rows name the
+    method instead of the arm)."""
+    return (r["pairing"], r.get("arm", r.get("method")), r["client"])
+
+
 def gate_shares(rows: list[dict]) -> dict[tuple, dict[str, float]]:
     """Per ``(pairing, arm, client)``, over the rounds that used external groups: mean
     ``external_filtered_frac`` (completions) and ``external_truncated_frac`` (tokens),
@@ -181,7 +187,7 @@ def gate_shares(rows: list[dict]) -> dict[tuple, dict[str, float]]:
     for r in rows:
         if not r.get("external_groups_used"):
             continue
-        key = (r["pairing"], r.get("arm", r.get("method")), r["client"])
+        key = arm_key(r)
         d = acc.setdefault(key, {"filtered": [], "truncated": [], "raw_max": [],
                                  "divergence": []})
         for name, field in (("filtered", "external_filtered_frac"),
@@ -229,7 +235,7 @@ def divergence_rows(rows: list[dict], delta: float) -> dict[tuple, dict[str, flo
         k1 = r.get("external_k1_mean")
         if not r.get("external_groups_used") or k1 is None:
             continue
-        key = (r["pairing"], r.get("arm", r.get("method")), r["client"])
+        key = arm_key(r)
         cell = cells.setdefault(key, {}).setdefault(int(r["seed"]),
                                                     {"k1": [], "filtered": []})
         cell["k1"].append(float(k1))
@@ -240,11 +246,11 @@ def divergence_rows(rows: list[dict], delta: float) -> dict[tuple, dict[str, flo
         filtered = {s: statistics.mean(c["filtered"]) for s, c in seeds.items()}
         top = max(filtered, key=lambda s: (filtered[s], -s))
         rounds = [v for c in seeds.values() for v in c["k1"]]
-        out[key] = {"cells": float(len(seeds)), "k1_mean": statistics.mean(k1_means),
+        out[key] = {"cells": len(seeds), "k1_mean": statistics.mean(k1_means),
                     "k1_min": min(k1_means), "k1_max": max(k1_means),
-                    "round_max": max(rounds), "rounds_over": float(sum(v > delta for v in rounds)),
-                    "rounds": float(len(rounds)), "filtered_min": min(filtered.values()),
-                    "filtered_max": filtered[top], "filtered_max_seed": float(top)}
+                    "round_max": max(rounds), "rounds_over": sum(v > delta for v in rounds),
+                    "rounds": len(rounds), "filtered_min": min(filtered.values()),
+                    "filtered_max": filtered[top], "filtered_max_seed": top}
     return out
 
 
@@ -396,13 +402,13 @@ def divergence_table(div_rows: list[dict], delta: float) -> str:
     for r in div_rows:
         if r["method"] in GATED_METHODS:
             filt = f"{r['filtered_min']:.4f}–{r['filtered_max']:.4f}"
-            seed = f"{int(r['filtered_max_seed'])}" if r["filtered_max"] > 0 else "– (none)"
+            seed = f"{r['filtered_max_seed']}" if r["filtered_max"] > 0 else "– (none)"
         else:
             filt, seed = "n/a", f"n/a ({r['method']} has no gate)"
         lines.append(f"| {r['pairing']} | {r['arm']} | {r['method']} | {r['client']} | "
-                     f"{int(r['cells'])} | {r['k1_mean']:.3f} | "
+                     f"{r['cells']} | {r['k1_mean']:.3f} | "
                      f"{r['k1_min']:.3f}–{r['k1_max']:.3f} | {r['round_max']:.3f} | "
-                     f"{int(r['rounds_over'])} of {int(r['rounds'])} | {filt} | {seed} |")
+                     f"{r['rounds_over']} of {r['rounds']} | {filt} | {seed} |")
     return "\n".join(lines)
 
 
