@@ -14,6 +14,7 @@ from ftis.lab.experiment.stats import (
     paired_permutation_test,
     pairs_for_power,
     sign_flip_floor,
+    sign_flip_interval,
 )
 
 
@@ -138,3 +139,60 @@ def test_pairs_for_power_hand_values():
         pairs_for_power(0.0, 0.1)
     with pytest.raises(ValueError):
         pairs_for_power(0.1, 0.1, power=1.0)
+
+
+# ------------------------------------------------------------- sign-flip interval
+def test_sign_flip_interval_hand_computed():
+    """d = (1, 2, 3): the 7 subset means are 1, 1.5, 2, 2, 2, 2.5, 3. j = floor(alpha *
+    8 / 2): at 0.5 the 2nd smallest/largest, at 0.25 the extremes, and below 0.25 (no
+    test of 3 pairs reaches p <= 2/8) nothing is excluded."""
+    assert sign_flip_interval([0, 0, 0], [1, 2, 3], alpha=0.5) == (1.5, 2.5)
+    assert sign_flip_interval([0, 0, 0], [1, 2, 3], alpha=0.25) == (1.0, 3.0)
+    assert sign_flip_interval([0, 0, 0], [1, 2, 3], alpha=0.2) == (-math.inf, math.inf)
+    # pairs, not values: after - before
+    assert sign_flip_interval([1, 1, 1], [2, 3, 4], alpha=0.5) == (1.5, 2.5)
+    with pytest.raises(ValueError, match="n = 17"):
+        sign_flip_interval([0.0] * 17, [1.0] * 17)
+    with pytest.raises(ValueError, match="alpha"):
+        sign_flip_interval([0], [1], alpha=0.0)
+
+
+def _one_sided_p_greater(d: list[float], delta: float) -> float:
+    """Brute force: share of the 2^n sign assignments of ``d - delta`` whose sum is at
+    least the observed one (the test of "mean > delta")."""
+    import itertools
+
+    x = [v - delta for v in d]
+    obs = sum(x)
+    hits = sum(sum(s * v for s, v in zip(signs, x, strict=True)) >= obs - 1e-12
+               for signs in itertools.product((1, -1), repeat=len(x)))
+    return hits / 2 ** len(x)
+
+
+def test_sign_flip_interval_is_the_inverted_test():
+    """Just inside each end neither one-sided test rejects at alpha / 2; just outside
+    one does (brute force over all 2^7 sign assignments)."""
+    d = [0.31, -0.12, 0.05, 0.22, -0.04, 0.17, 0.09]
+    alpha = 0.1  # j = floor(0.1 * 128 / 2) = 6
+    low, high = sign_flip_interval([0.0] * 7, d, alpha=alpha)
+    eps = 1e-9
+    assert _one_sided_p_greater(d, low + eps) > alpha / 2
+    assert _one_sided_p_greater(d, low - eps) <= alpha / 2
+    neg = [-v for v in d]  # the test of "mean < delta" is the mirrored one
+    assert _one_sided_p_greater(neg, -high + eps) > alpha / 2
+    assert _one_sided_p_greater(neg, -high - eps) <= alpha / 2
+
+
+def test_sign_flip_interval_coverage_is_exact_for_symmetric_data():
+    """Hartigan's theorem: for continuous differences symmetric about mu, mu falls below
+    the j-th smallest subset mean with probability j / 2^n. n = 6, alpha = 0.25: j = 8,
+    coverage 1 - 16/64 = 0.75 exactly; 4000 draws give SE 0.0068."""
+    import random
+
+    rng = random.Random(7)
+    mu, covered, draws = 0.3, 0, 4000
+    for _ in range(draws):
+        d = [mu + rng.gauss(0, 1) * rng.choice((0.2, 1.0)) for _ in range(6)]
+        low, high = sign_flip_interval([0.0] * 6, d, alpha=0.25)
+        covered += low <= mu <= high
+    assert covered / draws == pytest.approx(0.75, abs=0.03)

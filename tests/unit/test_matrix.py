@@ -4,6 +4,7 @@ docs tables (no processes: ``launch`` is replaced by a fake that writes the logs
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -636,8 +637,9 @@ def test_analysis_numbers_and_gate_flag(tmp_path):
             "0.500 ± 0.100 | 0.150 ± 0.000 | 0.00 | – | – | – | – |") in arms
     assert "partner" not in arms
     assert "p (Holm, m = 3)" in res["contrasts"]
+    # three seeds cannot bound a family-wise interval at 0.05/3 (2/8 > 0.0167)
     assert "| hot | learner | ftis − tis | 3 | +0.100 | [+0.000, +0.200] | 0.500 | 1.000 | " \
-           "gates idle in tis |" in res["contrasts"]
+           "unbounded (n = 3) | gates idle in tis |" in res["contrasts"]
     # power: sd of the differences 0.0577, 0.0577, 0.1; Holm over 3 contrasts ->
     # alpha 0.05/3: ((2.394 + 0.842) * sd / 0.1)^2 + 1 -> 5, 5, 12; never below the
     # exact sign-flip test's floor at 0.05/3: 2 / 2^7 = 0.016 <= 0.0167 -> 7, 7, 12
@@ -765,9 +767,9 @@ def test_summarize_regenerates_tables_from_raw_results(tmp_path):
     assert "old arms" not in text and "stale numbers" not in text
     assert "text between" in text
     assert ("| hot | learner | ftis − alone_batch_matched | 3 | +0.133 | [+0.100, +0.200] | "
-            "0.250 | 0.750 |  |") in text
+            "0.250 | 0.750 | unbounded (n = 3) |  |") in text
     assert "| hot | learner | tis − alone_batch_matched | 3 | +0.033 | [+0.000, +0.100] | " \
-           "1.000 | 1.000 | gates idle in tis |" in text
+           "1.000 | 1.000 | unbounded (n = 3) | gates idle in tis |" in text
     assert "**cannot tell the methods apart**" in text
     assert "up to 12 paired seeds" in text
     # an experiment without results gets a "not yet run" table
@@ -818,6 +820,30 @@ def test_holm_counts_contrasts_without_pairs_as_p_one():
     assert report.paired_contrasts([tested])[0]["p_holm"] == pytest.approx(0.0625)
     assert "p (Holm, m = 2)" in report.contrasts_table(
         [{**r, "pairing": "p", "client": "c"} for r in got], "eval_heldout_sampled")
+
+
+def test_contrasts_carry_family_wise_sign_flip_intervals():
+    """Each contrast's interval is the exact sign-flip one at 0.05 / m. Six pairs with
+    differences 0.01..0.06: alone (m = 1, alpha 0.05) j = floor(0.05 * 64 / 2) = 1, the
+    smallest and largest difference; beside an untested contrast (m = 2, 0.025 each)
+    j = 0, which six pairs cannot bound."""
+    six = {s: 0.5 for s in range(6)}
+    tested = {"arm": "a", "baseline": "b", "before": six,
+              "after": {s: 0.51 + 0.01 * s for s in six}}
+    alone = report.paired_contrasts([tested])[0]
+    assert (alone["fw_low"], alone["fw_high"]) == (pytest.approx(0.01), pytest.approx(0.06))
+    row = report.contrasts_table([{**alone, "pairing": "p", "client": "c"}],
+                                 "eval_heldout_sampled").splitlines()
+    assert "family-wise 95 % CI (sign-flip, 0.05/1 each)" in row[0]
+    assert "| [+0.010, +0.060] |" in row[-1]
+    untested = {"arm": "a", "baseline": "c", "before": six, "after": {}}
+    pair = report.paired_contrasts([tested, untested])
+    assert pair[0]["fw_low"] == -math.inf and pair[0]["fw_high"] == math.inf
+    assert pair[1]["fw_low"] is None
+    rows = report.contrasts_table([{**r, "pairing": "p", "client": "c"} for r in pair],
+                                  "eval_heldout_sampled").splitlines()
+    assert "| unbounded (n = 6) |" in rows[-2]
+    assert rows[-1].endswith("| 0 | – | – | – | – | – |  |")
 
 
 def test_one_pair_has_no_interval():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 COLUMNS = [
@@ -114,7 +115,10 @@ ARMS_COLUMNS = ["pairing", "arm", "method", "I-J", "client", "seeds", "{metric} 
                 "{metric} end", "mean reward", "ext. groups / round", "ext. filtered share",
                 "ext. truncated share", "max raw ratio", "gates"]
 CONTRAST_COLUMNS = ["pairing", "client", "contrast", "n", "mean difference",
-                    "95 % bootstrap CI", "p (sign-flip)", "p (Holm)", "note"]
+                    "95 % bootstrap CI", "p (sign-flip)", "p (Holm)",
+                    "family-wise 95 % CI (sign-flip)", "note"]
+#: family-wise coverage of the contrasts' simultaneous sign-flip intervals
+FAMILY_LEVEL = 0.95
 POWER_COLUMNS = ["pairing", "client", "contrast", "n", "sd of paired difference",
                  "paired seeds needed"]
 DIVERGENCE_COLUMNS = ["pairing", "arm", "method", "client", "cells",
@@ -274,28 +278,38 @@ def paired_contrasts(items: list[dict], seed: int = 0) -> list[dict]:
         One dict per item: the labels, ``n`` (seeds in both), ``diff`` (mean of
         ``after - before``), ``ci_low``/``ci_high`` (95 % paired bootstrap; ``None``
         below 2 pairs, where resampling one pair only gives back its own difference),
-        ``sd_diff``, ``p`` (two-sided sign-flip test, exact up to 16 seeds) and
-        ``p_holm`` (``None`` where there is no pair yet).
+        ``sd_diff``, ``p`` (two-sided sign-flip test, exact up to 16 seeds),
+        ``p_holm`` (``None`` where there is no pair yet) and ``fw_low``/``fw_high``:
+        the exact sign-flip interval at ``(1 - FAMILY_LEVEL) / m`` for ``m`` items
+        (:func:`~ftis.lab.experiment.stats.sign_flip_interval`), so that all of them
+        hold together with probability at least :data:`FAMILY_LEVEL` (Bonferroni);
+        infinite where ``n`` pairs are too few to reject at that level, ``None``
+        without pairs or above 16 pairs.
 
     The Holm family is every item, tested or not: an item without pairs counts as
     p = 1. The contrasts are fixed before the run, so a table made while cells are
     still missing adjusts over the whole pre-registered family (conservative) instead of
     over whichever contrasts happen to have finished.
     """
-    from ftis.lab.experiment.stats import holm, paired_comparison
+    from ftis.lab.experiment.stats import holm, paired_comparison, sign_flip_interval
 
     out = []
+    fw_alpha = (1 - FAMILY_LEVEL) / max(1, len(items))
     for it in items:
         seeds = sorted(set(it["after"]) & set(it["before"]))
         row = {k: v for k, v in it.items() if k not in ("after", "before")}
         row.update(n=len(seeds), diff=None, ci_low=None, ci_high=None, sd_diff=None, p=None,
-                   p_holm=None)
+                   p_holm=None, fw_low=None, fw_high=None)
         if seeds:
-            res = paired_comparison([it["before"][s] for s in seeds],
-                                    [it["after"][s] for s in seeds], seed=seed)
+            before = [it["before"][s] for s in seeds]
+            after = [it["after"][s] for s in seeds]
+            res = paired_comparison(before, after, seed=seed)
             row.update(diff=res.diff, sd_diff=res.sd_diff, p=res.p_value)
             if res.n > 1:
                 row.update(ci_low=res.ci_low, ci_high=res.ci_high)
+            if res.n <= 16:
+                fw = sign_flip_interval(before, after, alpha=fw_alpha)
+                row.update(fw_low=fw[0], fw_high=fw[1])
         out.append(row)
     adjusted = holm([1.0 if r["p"] is None else r["p"] for r in out])
     for r, adj in zip(out, adjusted, strict=True):
@@ -417,14 +431,27 @@ def contrasts_table(results: list[dict], metric: str) -> str:
     if not results:
         return placeholder(CONTRAST_COLUMNS, metric, 3)
     lines = _head(CONTRAST_COLUMNS, metric, 3)
-    lines[0] = lines[0].replace("p (Holm)", f"p (Holm, m = {len(results)})")
+    m = len(results)
+    lines[0] = (lines[0].replace("p (Holm)", f"p (Holm, m = {m})")
+                .replace("CI (sign-flip) |", f"CI (sign-flip, {1 - FAMILY_LEVEL:.2f}/{m} each) |"))
     for r in results:
         ci = ("–" if r["ci_low"] is None
               else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]")
         lines.append(f"| {r['pairing']} | {r['client']} | {_contrast_label(r)} | {r['n']} | "
                      f"{_fmt(r['diff'], '{:+.3f}')} | {ci} | {_fmt(r['p'])} | "
-                     f"{_fmt(r['p_holm'])} | {r.get('note') or ''} |")
+                     f"{_fmt(r['p_holm'])} | {_family_interval(r)} | {r.get('note') or ''} |")
     return "\n".join(lines)
+
+
+def _family_interval(r: dict) -> str:
+    """``[low, high]`` of :func:`paired_contrasts`' ``fw_low``/``fw_high``, "unbounded
+    (n = k)" where that many pairs cannot reject at the family's level, "–" without."""
+    low, high = r.get("fw_low"), r.get("fw_high")
+    if low is None or high is None:
+        return "–"
+    if math.isinf(low):
+        return f"unbounded (n = {r['n']})"
+    return f"[{low:+.3f}, {high:+.3f}]"
 
 
 def power_line(rows: list[dict], metric: str, effect: float, power: float, alpha: float,

@@ -14,6 +14,9 @@ Pairing removes the prompt-to-prompt (or seed-to-seed) variance from the compari
   pass@1 (a mean of k samples per prompt) and for seed-paired method contrasts.
 * :func:`paired_bootstrap_ci` -- percentile bootstrap interval of the mean paired
   difference (Efron & Tibshirani 1993, chapter 13).
+* :func:`sign_flip_interval` -- the exact interval for the mean paired difference that
+  inverts the sign-flip test (Hartigan 1969), at any level: with ``alpha / m`` it gives
+  Bonferroni-simultaneous intervals for a family of ``m`` contrasts.
 * :func:`holm` -- Holm's step-down adjustment for several contrasts (Holm 1979).
 * :func:`pairs_for_power` -- paired sample size for a target difference (normal
   approximation, two-sided).
@@ -40,6 +43,7 @@ __all__ = [
     "paired_comparison",
     "paired_permutation_test",
     "pairs_for_power",
+    "sign_flip_interval",
 ]
 
 _EXACT_MAX_PAIRS = 16
@@ -176,6 +180,56 @@ def paired_bootstrap_ci(before: Sequence[float], after: Sequence[float],
     lo_i = int(math.floor((1 - level) / 2 * (rounds - 1)))
     hi_i = int(math.ceil((1 + level) / 2 * (rounds - 1)))
     return means[lo_i], means[hi_i]
+
+
+def sign_flip_interval(before: Sequence[float], after: Sequence[float],
+                       alpha: float = 0.05) -> tuple[float, float]:
+    """Exact two-sided ``1 - alpha`` interval for the mean of ``after - before``, found
+    by inverting the one-sided sign-flip tests (Hartigan 1969, "Using subsample values
+    as typical values", JASA 64:1303-1317, Theorem 1).
+
+    Shifting the differences ``d`` by ``delta``, the one-sided sign-flip p-value of
+    "mean > delta" is ``(1 + c) / 2^n`` with ``c`` the number of non-empty subsets of
+    ``d`` whose mean is at most ``delta``: flipping the signs of a subset ``S`` gives a
+    sum at least as large as the observed one exactly when ``mean(d[S]) <= delta``. So
+    the ``delta`` that neither one-sided test rejects at ``alpha / 2`` run from the
+    ``j``-th smallest to the ``j``-th largest of the ``2^n - 1`` subset means, with
+    ``j = floor(alpha * 2^n / 2)``. If the differences are independent and symmetric
+    about their mean (the sign-flip test's own assumption, moved to the true mean),
+    the interval covers it with probability at least ``1 - alpha``; Hartigan shows the
+    subset means cut the line into ``2^n`` pieces, each holding the mean with
+    probability ``2^-n``. With ``alpha / m`` for each of ``m`` contrasts the intervals
+    hold together with probability at least ``1 - alpha`` (Bonferroni).
+
+    Args:
+        before, after: paired values, same length ``1 <= n <= 16``.
+        alpha: two-sided level in ``(0, 1)``.
+
+    Returns:
+        ``(low, high)`` in the values' unit; ``(-inf, inf)`` when ``j = 0``, i.e. when
+        ``2 / 2^n > alpha`` and no test of ``n`` pairs can reject at ``alpha`` (the
+        floor of :func:`sign_flip_floor`).
+
+    Raises:
+        ValueError: on different lengths, no pairs, non-finite values, more than 16
+            pairs (``2^n`` subsets are enumerated) or ``alpha`` outside ``(0, 1)``.
+    """
+    _check_pairs(before, after)
+    if not 0 < alpha < 1:
+        raise ValueError("alpha must be in (0, 1)")
+    d = [float(y) - float(x) for x, y in zip(before, after, strict=True)]
+    if len(d) > _EXACT_MAX_PAIRS:
+        raise ValueError(f"exact interval enumerates 2^n subsets; n = {len(d)} > "
+                         f"{_EXACT_MAX_PAIRS}")
+    j = math.floor(alpha * 2 ** len(d) / 2)
+    if j == 0:
+        return -math.inf, math.inf
+    sums, sizes = [0.0], [0]
+    for x in d:  # every subset, built by adding each difference to the ones before it
+        sums += [s + x for s in sums]
+        sizes += [k + 1 for k in sizes]
+    means = sorted(s / k for s, k in zip(sums[1:], sizes[1:], strict=True))
+    return means[j - 1], means[-j]
 
 
 @dataclass(frozen=True)
