@@ -291,7 +291,12 @@ def paired_contrasts(items: list[dict], seed: int = 0) -> list[dict]:
     still missing adjusts over the whole pre-registered family (conservative) instead of
     over whichever contrasts happen to have finished.
     """
-    from ftis.lab.experiment.stats import holm, paired_comparison, sign_flip_interval
+    from ftis.lab.experiment.stats import (
+        EXACT_MAX_PAIRS,
+        holm,
+        paired_comparison,
+        sign_flip_interval,
+    )
 
     out = []
     fw_alpha = (1 - FAMILY_LEVEL) / max(1, len(items))
@@ -307,7 +312,7 @@ def paired_contrasts(items: list[dict], seed: int = 0) -> list[dict]:
             row.update(diff=res.diff, sd_diff=res.sd_diff, p=res.p_value)
             if res.n > 1:
                 row.update(ci_low=res.ci_low, ci_high=res.ci_high)
-            if res.n <= 16:
+            if res.n <= EXACT_MAX_PAIRS:
                 fw = sign_flip_interval(before, after, alpha=fw_alpha)
                 row.update(fw_low=fw[0], fw_high=fw[1])
         out.append(row)

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "EXACT_MAX_PAIRS",
     "McNemarResult",
     "PairedResult",
     "holm",
@@ -46,7 +47,8 @@ __all__ = [
     "sign_flip_interval",
 ]
 
-_EXACT_MAX_PAIRS = 16
+#: the most pairs whose 2^n sign assignments (or subsets) are enumerated exactly
+EXACT_MAX_PAIRS = 16
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def paired_permutation_test(before: Sequence[float], after: Sequence[float],
     d = [float(y) - float(x) for x, y in zip(before, after, strict=True)]
     observed = abs(sum(d))
     tol = 1e-12 * max(1.0, observed)
-    if len(d) <= _EXACT_MAX_PAIRS:
+    if len(d) <= EXACT_MAX_PAIRS:
         hits = total = 0
         for signs in itertools.product((1.0, -1.0), repeat=len(d)):
             total += 1
@@ -218,9 +220,9 @@ def sign_flip_interval(before: Sequence[float], after: Sequence[float],
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
     d = [float(y) - float(x) for x, y in zip(before, after, strict=True)]
-    if len(d) > _EXACT_MAX_PAIRS:
+    if len(d) > EXACT_MAX_PAIRS:
         raise ValueError(f"exact interval enumerates 2^n subsets; n = {len(d)} > "
-                         f"{_EXACT_MAX_PAIRS}")
+                         f"{EXACT_MAX_PAIRS}")
     j = math.floor(alpha * 2 ** len(d) / 2)
     if j == 0:
         return -math.inf, math.inf
